@@ -1,0 +1,17 @@
+"""npurun: make AI accelerators usable.
+
+    import npurun
+    g = npurun.load("model.onnx")                 # NPU-IR graph (or a .npuir file)
+    exe = npurun.Executor(device="cpu", parallelism=2)
+    outputs = exe.run_sync(g, {"input": x})       # or: await exe.run(g, inputs)
+    sess = npurun.InferenceSession("model.onnx")  # ONNX Runtime-shaped API
+"""
+__version__ = "0.1.0"
+
+from .errors import NpurunError
+from .frontend import load
+from .ir import Graph, parse, print_graph, save, verify
+from .runtime import Executor, InferenceSession
+
+__all__ = ["__version__", "NpurunError", "load", "save", "parse", "print_graph", "verify",
+           "Graph", "Executor", "InferenceSession"]

@@ -1,0 +1,215 @@
+"""The `npurun` command. Thin: parse arguments, call the library, print results.
+
+Every NpurunError becomes one line on stderr and exit status 1 (2 for usage errors), never a
+traceback; set NPURUN_DEBUG=1 to see one anyway.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import re
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .errors import InputError, NpurunError
+
+
+# ---------------------------------------------------------------- helpers
+
+@contextmanager
+def _progress(description: str, enabled: bool):
+    """A progress bar on a terminal (stderr), nothing when piped; yields a callback."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.console import Console
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[node]}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=None, node="")
+
+        def update(done, total, label):
+            bar.update(task, completed=done, total=total, node=label)
+        yield update
+
+
+def _executor(args):
+    from .runtime import Executor
+    return Executor(device=args.device, parallelism=args.threads)
+
+
+def _add_device(p):
+    p.add_argument("--device", default="cpu", help="BACKEND[:TARGET], e.g. cpu, reference (default: cpu)")
+    p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores)")
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_upscale(args) -> int:
+    from . import zoo
+    from .frontend import load
+    from .zoo import espcn
+    src = Path(args.input)
+    espcn.output_format(args.output)  # fail on a bad output name before any work
+    img = espcn.read_image(src)
+    model_path = Path(args.model) if args.model else zoo.path("espcn_x3.onnx")
+    graph = load(model_path)
+    scale = espcn.model_scale(graph)
+    if args.scale != scale:
+        raise InputError(f"{model_path}: the model upscales by {scale}, --scale {args.scale} was asked; "
+                         f"pass --scale {scale} or a model for x{args.scale}")
+    exe = _executor(args)
+    exe.compile(graph)
+    t0 = time.perf_counter()
+    with _progress(f"upscaling {src.name} x{scale}", not args.quiet) as cb:
+        out = espcn.upscale(img, lambda y: exe.run_sync(graph, y, progress=cb)[graph.outputs[0]], scale)
+    dt = time.perf_counter() - t0
+    espcn.write_image(out, args.output)
+    print(f"{src} ({img.width}x{img.height}) -> {args.output} ({out.width}x{out.height}) "
+          f"in {dt:.2f} s on {exe.device} ({exe.parallelism} threads)")
+    return 0
+
+
+def _load_array(spec: str) -> tuple[str, np.ndarray]:
+    name, sep, file = spec.partition("=")
+    if not sep or not name or not file:
+        raise InputError(f"--input {spec!r}: expected NAME=FILE.npy")
+    try:
+        return name, np.load(file, allow_pickle=False)
+    except FileNotFoundError:
+        raise InputError(f"--input {name}: {file}: no such file") from None
+    except (ValueError, OSError, EOFError) as e:
+        raise InputError(f"--input {name}: {file}: not a readable .npy file ({e})") from None
+
+
+def cmd_run(args) -> int:
+    from .frontend import load
+    from .util import atomic_write
+    graph = load(args.model)
+    feeds = dict(_load_array(s) for s in args.input or [])
+    exe = _executor(args)
+    t0 = time.perf_counter()
+    with _progress(f"running {Path(args.model).name}", not args.quiet) as cb:
+        outs = exe.run_sync(graph, feeds, progress=cb)
+    dt = time.perf_counter() - t0
+    outdir = Path(args.output_dir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    for name, arr in outs.items():
+        file = outdir / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".npy")
+        buf = io.BytesIO()
+        np.save(buf, arr, allow_pickle=False)
+        atomic_write(file, buf.getvalue())
+        print(f"{name}: {arr.dtype} {list(arr.shape)} -> {file}")
+    print(f"ran {len(graph.nodes)} nodes in {dt * 1000:.1f} ms on {exe.device}")
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from .frontend import load
+    from .ir import save
+    out = Path(args.output)
+    if out.suffix != ".npuir":
+        raise InputError(f"{out}: the output of convert must end in .npuir")
+    graph = load(args.model)
+    save(graph, out)
+    print(f"{args.model} -> {out} ({len(graph.nodes)} nodes, {len(graph.constants())} constants)")
+    return 0
+
+
+def cmd_ir(args) -> int:
+    from .frontend import load
+    from .ir import print_graph, verify
+    graph = load(args.file)
+    if args.action == "print":
+        sys.stdout.write(print_graph(graph))
+    else:
+        verify(graph)
+        print(f"{args.file}: ok ({len(graph.nodes)} nodes, {len(graph.values)} values)")
+    return 0
+
+
+def cmd_info(args) -> int:
+    import onnx
+    from .backends import BACKENDS
+    from .ir.dtypes import DTYPES
+    from .ir.graph import MEMORY_SPACES
+    from .ir.ops import OPS
+    print(f"npurun {__version__} (Python {platform.python_version()}, NumPy {np.__version__}, "
+          f"onnx {onnx.__version__}) on {platform.machine()}, {os.cpu_count()} CPUs")
+    print("backends:")
+    for name, cls in BACKENDS.items():
+        ok, why = cls.available()
+        print(f"  {name:10s} {'available' if ok else 'unavailable: ' + why}  {(cls.__doc__ or '').strip().splitlines()[0]}")
+    print(f"ops: {len(OPS)}")
+    print(f"dtypes: {', '.join(DTYPES)}")
+    print(f"memory spaces: {', '.join(MEMORY_SPACES)}")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="npurun", description="Run neural-network models on accelerators.")
+    p.add_argument("--version", action="version", version=f"npurun {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    u = sub.add_parser("upscale", help="upscale a photo with the bundled ESPCN (x3)")
+    u.add_argument("input", help="image file (PNG, JPEG, ...)")
+    u.add_argument("-o", "--output", required=True, help="output image; format from the extension")
+    u.add_argument("--scale", type=int, default=3, help="upscaling factor (the bundled model: 3)")
+    u.add_argument("--model", help="ESPCN-style model (.onnx/.npuir) instead of the bundled one")
+    u.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _add_device(u)
+    u.set_defaults(fn=cmd_upscale)
+
+    r = sub.add_parser("run", help="run a model on .npy inputs")
+    r.add_argument("model")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="an input (repeat per input)")
+    r.add_argument("--output-dir", default=".", help="where OUTPUT.npy files go (default: .)")
+    r.add_argument("-q", "--quiet", action="store_true")
+    _add_device(r)
+    r.set_defaults(fn=cmd_run)
+
+    c = sub.add_parser("convert", help="convert an ONNX model to .npuir (+ .weights.npz)")
+    c.add_argument("model")
+    c.add_argument("-o", "--output", required=True)
+    c.set_defaults(fn=cmd_convert)
+
+    i = sub.add_parser("ir", help="print or verify a model's NPU-IR")
+    i.add_argument("action", choices=["print", "verify"])
+    i.add_argument("file")
+    i.set_defaults(fn=cmd_ir)
+
+    n = sub.add_parser("info", help="version, backends and why any is unavailable")
+    n.set_defaults(fn=cmd_info)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except NpurunError as e:
+        if os.environ.get("NPURUN_DEBUG"):
+            raise
+        print(f"npurun: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("npurun: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, MemoryError) as e:  # disk full, permission denied, out of memory
+        if os.environ.get("NPURUN_DEBUG"):
+            raise
+        print(f"npurun: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

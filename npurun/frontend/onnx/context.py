@@ -1,0 +1,68 @@
+"""What a converter sees: the ONNX node, its attributes and inputs, and `emit` to add IR."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir.graph import Graph, Node, Value
+from ...ir.ops import infer_node
+
+
+class ConvertError(Exception):
+    """A converter that cannot take this particular node (collected, reported all at once)."""
+
+
+class Ctx:
+    def __init__(self, graph: Graph, opset: int):
+        self.graph = graph
+        self.opset = opset
+        self.node = None  # the onnx.NodeProto being converted
+        self.attrs: dict = {}
+        self._n = 0
+
+    # --- reading the ONNX node
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def input(self, i: int) -> str:
+        """Name of input i, or "" when absent."""
+        return self.node.input[i] if i < len(self.node.input) else ""
+
+    def inputs(self) -> list[str]:
+        return list(self.node.input)
+
+    def const_input(self, i: int) -> np.ndarray | None:
+        nm = self.input(i)
+        v = self.graph.values.get(nm) if nm else None
+        return None if v is None else v.data
+
+    def output(self, i: int = 0) -> str:
+        return self.node.output[i] if i < len(self.node.output) else ""
+
+    # --- building IR
+    def fresh(self, hint: str) -> str:
+        while True:
+            self._n += 1
+            nm = f"{self.name or self.node.op_type}/{hint}{self._n}"
+            if nm not in self.graph.values:
+                return nm
+
+    def const(self, array, hint: str = "const") -> str:
+        nm = self.fresh(hint)
+        self.graph.const(nm, np.asarray(array))
+        return nm
+
+    def emit(self, op: str, inputs: list[str], outputs: list[str] | None = None, n_out: int = 1,
+             **attrs) -> list[str]:
+        """Add one IR node; its output types come from npurun's own inference."""
+        outputs = outputs or [self.fresh(op) for _ in range(n_out)]
+        node = Node(op, list(inputs), list(outputs), {k: v for k, v in attrs.items() if v is not None},
+                    name=self.name if not any(n.name == self.name for n in self.graph.nodes) or not self.name
+                    else f"{self.name}#{len(self.graph.nodes)}")
+        # Trailing absent optional operands carry no meaning: drop them.
+        while node.inputs and not node.inputs[-1]:
+            node.inputs.pop()
+        for nm, (shape, dtype) in zip(outputs, infer_node(node, self.graph.values)):
+            self.graph.add_value(Value(nm, tuple(shape), dtype))
+        self.graph.nodes.append(node)
+        return outputs

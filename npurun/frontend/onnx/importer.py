@@ -1,0 +1,225 @@
+"""onnx2npu: read an ONNX file, check it, and convert it node by node into NPU-IR.
+
+Shapes and dtypes come from npurun's own inference (`npurun.ir.ops`); the shapes a model
+declares for its intermediate and output values are ignored, since real models get them
+wrong. Every op the importer cannot take is reported at once, in one error.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+
+from ...errors import ModelError, VerifyError
+from ...ir.graph import Graph, Value
+from ...ir.shapes import SYMBOL, UNKNOWN
+from ...ir.verify import verify
+from .context import ConvertError, Ctx
+from .converters import find
+from .dtypes import ir_dtype
+
+MAX_ELEMENTS = 1 << 34  # no real tensor has more; refuse before trying to allocate it
+_ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
+    """Parse an ONNX file (and its external data), turning every failure into a ModelError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"{path}: no such file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
+        raise ModelError(f"{path}: not a valid ONNX model (protobuf parse failed: {e})") from None
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise ModelError(f"{path}: not a valid ONNX model (it has no graph)")
+    _check_tensors(model, path)
+    try:
+        from onnx.external_data_helper import load_external_data_for_model
+        load_external_data_for_model(model, str(path.parent))
+    except (OSError, ValueError, onnx.checker.ValidationError) as e:
+        raise ModelError(f"{path}: cannot load external weights ({e})") from None
+    return model
+
+
+def _check_tensors(model: onnx.ModelProto, path) -> None:
+    """Refuse tensors whose declared size is absurd or larger than the bytes they carry."""
+    for t in model.graph.initializer:
+        n = math.prod(t.dims) if t.dims else 1
+        if any(d < 0 for d in t.dims) or n > MAX_ELEMENTS:
+            raise ModelError(f"{path}: initializer {t.name!r} claims shape {list(t.dims)} "
+                             f"({n} elements); refusing to allocate it")
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        if t.HasField("raw_data"):
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize \
+                if t.data_type != onnx.TensorProto.STRING else 1
+            if len(t.raw_data) != n * itemsize:
+                raise ModelError(f"{path}: initializer {t.name!r} claims shape {list(t.dims)} "
+                                 f"({n * itemsize} bytes) but holds {len(t.raw_data)} bytes")
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    for o in model.opset_import:
+        if o.domain in _ONNX_DOMAINS:
+            return o.version
+    return 1
+
+
+def _symbol(param: str, table: dict) -> str:
+    """ONNX dim_param -> an IR symbol (names like 'batch size' become d0, d1, ...)."""
+    if SYMBOL.match(param):
+        return param
+    return table.setdefault(param, f"d{len(table)}")
+
+
+def _value_type(vi, where: str, syms: dict) -> tuple[tuple, str]:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise ModelError(f"{where}: input {vi.name!r} is not a tensor (sequences and maps are not supported)")
+    dtype = ir_dtype(tt.elem_type, f"{where}: input {vi.name!r}")
+    if not tt.HasField("shape"):
+        raise ModelError(f"{where}: input {vi.name!r} has no declared rank")
+    shape = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            if d.dim_value < 0 or d.dim_value > MAX_ELEMENTS:
+                raise ModelError(f"{where}: input {vi.name!r} has an absurd dimension {d.dim_value}")
+            shape.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            shape.append(_symbol(d.dim_param, syms))
+        else:
+            shape.append(UNKNOWN)
+    return tuple(shape), dtype
+
+
+def _topological(nodes, available: set, where: str):
+    """Nodes in dependency order; a ModelError names dangling inputs and cycles."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    missing = defaultdict(list)
+    for n in nodes:
+        for i in n.input:
+            if i and i not in available and i not in producer:
+                missing[i].append(n.name or n.op_type)
+    if missing:
+        items = "; ".join(f"{k!r} (read by {', '.join(v)})" for k, v in missing.items())
+        raise ModelError(f"{where}: dangling inputs, never produced nor declared: {items}")
+    order, state = [], [0] * len(nodes)  # 0 new, 1 on stack, 2 done
+    for root in range(len(nodes)):
+        stack = [(root, iter(nodes[root].input))]
+        if state[root]:
+            continue
+        state[root] = 1
+        while stack:
+            idx, it = stack[-1]
+            nxt = next((producer[i] for i in it if i in producer and i not in available), None)
+            if nxt is None:
+                state[idx] = 2
+                order.append(nodes[idx])
+                stack.pop()
+            elif state[nxt] == 1:
+                cyc = [nodes[j].name or nodes[j].op_type for j, _ in stack]
+                raise ModelError(f"{where}: the graph has a cycle through nodes {', '.join(cyc)}")
+            elif state[nxt] == 0:
+                state[nxt] = 1
+                stack.append((nxt, iter(nodes[nxt].input)))
+    return order
+
+
+def _attrs(node) -> dict:
+    out = {}
+    for a in node.attribute:
+        v = onnx.helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, onnx.TensorProto):
+            v = numpy_helper.to_array(v)
+        elif isinstance(v, list):
+            v = [x.decode() if isinstance(x, bytes) else x for x in v]
+        out[a.name] = v
+    return out
+
+
+def _report_unsupported(where: str, problems: dict) -> None:
+    lines = []
+    for (op, domain, opset, reason), names in problems.items():
+        shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+        lines.append(f"{op} (domain {domain or 'ai.onnx'}, opset {opset}) x{len(names)}: "
+                     f"{reason} [nodes: {shown}]")
+    raise ModelError(f"{where}: {len(lines)} unsupported op kind(s): " + " | ".join(lines))
+
+
+def import_model(model: onnx.ModelProto | str | os.PathLike, *, name: str | None = None) -> Graph:
+    """Convert an ONNX model (a ModelProto or a path) into a verified NPU-IR graph."""
+    where = "<onnx model>"
+    if not isinstance(model, onnx.ModelProto):
+        where = str(model)
+        model = load_onnx(model)
+    opset = _opset(model)
+    og = model.graph
+    g = Graph(name=re.sub(r"[^A-Za-z0-9_.\-/]", "_", name or og.name or "main") or "main", source=where)
+
+    for t in og.initializer:
+        try:
+            g.const(t.name, numpy_helper.to_array(t))
+        except (ValueError, TypeError) as e:
+            raise ModelError(f"{where}: initializer {t.name!r} cannot be read ({e})") from None
+    syms: dict = {}
+    for vi in og.input:
+        if vi.name in g.values:
+            continue  # old exporters list initializers among the inputs too
+        shape, dtype = _value_type(vi, where, syms)
+        g.add_value(Value(vi.name, shape, dtype))
+        g.inputs.append(vi.name)
+
+    nodes = _topological(list(og.node), set(g.values), where)
+    problems: dict = defaultdict(list)
+    for n in nodes:
+        if n.domain not in _ONNX_DOMAINS:
+            domain_opset = next((o.version for o in model.opset_import if o.domain == n.domain), 1)
+            problems[(n.op_type, n.domain, domain_opset, "no converter for this domain")].append(n.name or n.op_type)
+        elif find(n.op_type, opset) is None:
+            problems[(n.op_type, "", opset, "no converter")].append(n.name or n.op_type)
+    if problems:
+        _report_unsupported(where, problems)
+
+    ctx = Ctx(g, opset)
+    for n in nodes:
+        ctx.node, ctx.attrs = n, _attrs(n)
+        try:
+            find(n.op_type, opset)(ctx)
+        except ConvertError as e:
+            problems[(n.op_type, "", opset, str(e))].append(n.name or n.op_type)
+        except VerifyError as e:
+            raise ModelError(f"{where}: {e}") from None
+        except KeyError as e:
+            raise ModelError(f"{where}: node {n.name or n.op_type!r} ({n.op_type}): missing "
+                             f"attribute or input {e}") from None
+    if problems:
+        _report_unsupported(where, problems)
+
+    for vi in og.output:
+        if vi.name not in g.values:
+            raise ModelError(f"{where}: graph output {vi.name!r} is never produced")
+        if vi.name in g.inputs or g.values[vi.name].is_const:
+            ctx.node, ctx.attrs = onnx.helper.make_node("Identity", [vi.name], [vi.name + "/out"]), {}
+            ctx.emit("identity", [vi.name], [vi.name + "/out"])
+            g.outputs.append(vi.name + "/out")
+        else:
+            g.outputs.append(vi.name)
+    _drop_unused(g)
+    return verify(g)
+
+
+def _drop_unused(g: Graph) -> None:
+    """Constants no node reads (e.g. initializers listed but unused) are not part of the model."""
+    used = {i for n in g.nodes for i in n.inputs} | set(g.outputs) | set(g.inputs)
+    for nm in [nm for nm, v in g.values.items() if v.is_const and nm not in used]:
+        del g.values[nm]

@@ -1,0 +1,124 @@
+"""The in-memory NPU-IR: `Graph`, `Node`, `Value`.
+
+Nodes refer to values by name; the graph owns the values. A value with `data` is a constant
+(a weight); all others are computed at run time or fed as graph inputs. An empty string in a
+node's inputs marks an optional operand that is absent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .dtypes import to_numpy
+from .shapes import Dim, format_shape, numel
+
+DEFAULT_SPACE = "DRAM0"
+# Memory spaces a value may live in. Later layers (memory planning, devices) register more.
+MEMORY_SPACES = {"DRAM0": "off-chip DRAM", "NPU_SRAM": "on-chip SRAM", "NPU_CACHE": "cache tier (DMA-fed)"}
+
+
+def register_memory_space(name: str, description: str) -> None:
+    MEMORY_SPACES[name] = description
+
+
+@dataclass(eq=False)
+class Value:
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: str
+    space: str = DEFAULT_SPACE
+    data: np.ndarray | None = None  # set for constants (weights)
+
+    @property
+    def is_const(self) -> bool:
+        return self.data is not None
+
+    @property
+    def nbytes(self) -> int | None:
+        n = numel(self.shape)
+        return None if n is None else n * to_numpy(self.dtype).itemsize
+
+    def type_str(self) -> str:
+        return f"{format_shape(self.shape)} {self.dtype} {self.space}"
+
+    def same_as(self, other: Value) -> bool:
+        if (self.name, tuple(self.shape), self.dtype, self.space) != (
+            other.name, tuple(other.shape), other.dtype, other.space):
+            return False
+        if (self.data is None) != (other.data is None):
+            return False
+        return self.data is None or (
+            self.data.dtype == other.data.dtype and np.array_equal(self.data, other.data, equal_nan=True))
+
+
+@dataclass(eq=False)
+class Node:
+    op: str  # a name from the op vocabulary (npurun.ir.ops), e.g. "conv"
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)  # semantics: pads, strides, ...
+    hints: dict = field(default_factory=dict)  # schedule hints: pipeline=3 burst=256 ...
+    name: str = ""
+    precision: str | None = None  # from the op name's suffix: matmul_f16 -> "f16"
+
+    @property
+    def full_op(self) -> str:
+        return f"{self.op}_{self.precision}" if self.precision else self.op
+
+    def label(self) -> str:
+        return f"node {self.name!r} ({self.full_op})" if self.name else f"node {self.full_op}"
+
+    def key(self):
+        return (self.op, self.precision, self.name, list(self.inputs), list(self.outputs),
+                self.attrs, self.hints)
+
+
+@dataclass(eq=False)
+class Graph:
+    name: str = "main"
+    values: dict[str, Value] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    source: str = "<memory>"  # the file it came from, for error messages
+
+    def add_value(self, v: Value) -> Value:
+        self.values[v.name] = v
+        return v
+
+    def const(self, name: str, array: np.ndarray, space: str = DEFAULT_SPACE) -> Value:
+        from .dtypes import from_numpy
+        arr = np.ascontiguousarray(array)
+        return self.add_value(Value(name, tuple(arr.shape), from_numpy(arr.dtype), space, arr))
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    out.setdefault(i, []).append(n)
+        return out
+
+    def constants(self) -> list[Value]:
+        return [v for v in self.values.values() if v.is_const]
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Graph):
+            return NotImplemented
+        if (self.name, self.inputs, self.outputs) != (other.name, other.inputs, other.outputs):
+            return False
+        if [n.key() for n in self.nodes] != [n.key() for n in other.nodes]:
+            return False
+        if self.values.keys() != other.values.keys():
+            return False
+        return all(v.same_as(other.values[k]) for k, v in self.values.items())
+
+    __hash__ = None
+
+    def __str__(self) -> str:
+        from .text import print_graph
+        return print_graph(self)

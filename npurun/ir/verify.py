@@ -1,0 +1,83 @@
+"""The IR verifier: every invariant a well-formed graph keeps, with errors naming the node
+and operand at fault. Passes and importers call it; tests run it between passes."""
+from __future__ import annotations
+
+from ..errors import VerifyError
+from .dtypes import DTYPES
+from .graph import MEMORY_SPACES, Graph
+from .ops import OPS, REQUIRED, infer_node
+from .shapes import UNKNOWN, is_valid_dim
+
+
+def _dims_conflict(a, b) -> bool:
+    if a == b or a == UNKNOWN or b == UNKNOWN:
+        return False
+    return isinstance(a, int) and isinstance(b, int) or isinstance(a, str) and isinstance(b, str)
+
+
+def verify(g: Graph, *, where: str = "") -> Graph:
+    """Raise VerifyError on the first broken invariant; return the graph unchanged otherwise."""
+    pre = f"{g.source}: " + (f"after {where}: " if where else "")
+
+    def fail(msg):
+        raise VerifyError(pre + msg)
+
+    for v in g.values.values():
+        if v.dtype not in DTYPES:
+            fail(f"value {v.name!r} has unknown dtype {v.dtype!r}")
+        if v.space not in MEMORY_SPACES:
+            fail(f"value {v.name!r} is in unknown memory space {v.space!r}; known: {', '.join(MEMORY_SPACES)}")
+        if not all(is_valid_dim(d) for d in v.shape):
+            fail(f"value {v.name!r} has an invalid shape {list(v.shape)}")
+        if v.is_const and tuple(v.data.shape) != tuple(v.shape):
+            fail(f"constant {v.name!r} holds data of shape {list(v.data.shape)}, declared {list(v.shape)}")
+    for nm in g.inputs:
+        if nm not in g.values:
+            fail(f"graph input {nm!r} is not a declared value")
+    defined = set(g.inputs) | {v.name for v in g.constants()}
+    for n in g.nodes:
+        d = OPS.get(n.op)
+        if d is None:
+            fail(f"{n.label()}: unknown op {n.op!r}")
+        lo, hi = d.min_inputs, (None if d.variadic else len(d.inputs))
+        if len(n.inputs) < lo or (hi is not None and len(n.inputs) > hi):
+            takes = str(lo) if hi == lo else f"{lo} to {'any number' if hi is None else hi}"
+            fail(f"{n.label()}: has {len(n.inputs)} inputs, {n.op} takes {takes} ({', '.join(d.inputs)})")
+        for k, v in d.attrs.items():
+            if v is REQUIRED and k not in n.attrs:
+                fail(f"{n.label()}: missing required attribute {k!r}")
+        for k in n.attrs:
+            if k not in d.attrs:
+                fail(f"{n.label()}: unknown attribute {k!r}; {n.op} takes {', '.join(d.attrs) or 'none'}")
+        for i, nm in enumerate(n.inputs):
+            if not nm:
+                if i < lo:
+                    fail(f"{n.label()}: required operand {i} ({d.inputs[i]}) is absent")
+                continue
+            if nm not in g.values:
+                fail(f"{n.label()}: operand {i} {nm!r} is not a declared value")
+            if nm not in defined:
+                fail(f"{n.label()}: operand {i} {nm!r} is used before it is produced "
+                     f"(dangling input or a cycle)")
+        for nm in n.outputs:
+            if nm not in g.values:
+                fail(f"{n.label()}: output {nm!r} is not a declared value")
+            if nm in defined:
+                fail(f"{n.label()}: output {nm!r} is already defined (produced twice, or a graph input/constant)")
+        try:
+            inferred = infer_node(n, g.values)
+        except VerifyError as e:
+            fail(str(e))
+        if len(inferred) != len(n.outputs):
+            fail(f"{n.label()}: produces {len(inferred)} outputs, {len(n.outputs)} declared")
+        for nm, (shape, dtype) in zip(n.outputs, inferred):
+            v = g.values[nm]
+            if v.dtype != dtype:
+                fail(f"{n.label()}: output {nm!r} declared {v.dtype}, the op computes {dtype}")
+            if len(v.shape) != len(shape) or any(_dims_conflict(a, b) for a, b in zip(v.shape, shape)):
+                fail(f"{n.label()}: output {nm!r} declared {list(v.shape)}, the op computes {list(shape)}")
+        defined.update(n.outputs)
+    for nm in g.outputs:
+        if nm not in defined:
+            fail(f"graph output {nm!r} is never produced")
+    return g

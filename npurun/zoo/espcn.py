@@ -1,0 +1,98 @@
+"""ESPCN super-resolution recipe: colour photo in, photo `scale`x larger out.
+
+As in the ESPCN paper, only luma goes through the network: the photo is split into YCbCr,
+Y (as float32 in [0, 1], shape (1, 1, H, W)) is upscaled by the model, Cb and Cr are upscaled
+bicubically (the eye is far less sensitive to chroma detail), and the three are merged back.
+"""
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from ..errors import InputError, NpurunError
+from ..ir.graph import Graph
+from ..ir.shapes import parse_affine
+from ..util import atomic_write
+
+# Refuse images over ~300 megapixels instead of letting Pillow decode a decompression bomb.
+Image.MAX_IMAGE_PIXELS = 300_000_000
+_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP", ".tif": "TIFF",
+            ".tiff": "TIFF", ".webp": "WEBP"}
+
+
+def model_scale(g: Graph) -> int:
+    """The upscaling factor a model declares: output dims of the form `S*H`."""
+    out = g.values[g.outputs[0]].shape
+    if len(out) == 4 and isinstance(out[-1], str):
+        p = parse_affine(out[-1])
+        if p and p[2] == 0:
+            return p[0]
+    raise NpurunError(f"{g.source}: cannot tell the model's scale from its output shape {list(out)}; "
+                      f"expected [1, 1, S*H, S*W]")
+
+
+def read_image(path: str | os.PathLike) -> Image.Image:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        img = Image.open(path)
+        img.load()
+    except UnidentifiedImageError:
+        raise InputError(f"{path}: not an image (Pillow cannot identify its format)") from None
+    except Image.DecompressionBombError as e:
+        raise InputError(f"{path}: image too large ({e})") from None
+    except (OSError, SyntaxError, ValueError) as e:
+        raise InputError(f"{path}: cannot decode the image ({e})") from None
+    return img
+
+
+def output_format(path: str | os.PathLike) -> str:
+    ext = Path(path).suffix.lower()
+    if ext not in _FORMATS:
+        raise InputError(f"{path}: unknown output format {ext or '(none)'!r}; use one of "
+                         f"{', '.join(sorted(_FORMATS))}")
+    return _FORMATS[ext]
+
+
+def write_image(img: Image.Image, path: str | os.PathLike) -> None:
+    fmt = output_format(path)
+    if fmt == "JPEG" and img.mode == "RGBA":
+        img = img.convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+    atomic_write(path, buf.getvalue())
+
+
+def luma_to_array(y: Image.Image) -> np.ndarray:
+    return (np.asarray(y, dtype=np.float32) / 255.0)[None, None]
+
+
+def array_to_luma(a: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.round(np.clip(a[0, 0], 0.0, 1.0) * 255.0).astype(np.uint8), "L")
+
+
+def upscale(img: Image.Image, run_luma, scale: int) -> Image.Image:
+    """Upscale `img` by `scale`; `run_luma` maps a (1, 1, H, W) float32 array to (1, 1, sH, sW)."""
+    alpha = None
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        img = img.convert("RGBA")
+        alpha = img.getchannel("A")
+    gray = img.mode in ("L", "I", "I;16", "F", "1")
+    img = img.convert("L" if gray else "RGB")
+    size = (img.width * scale, img.height * scale)
+    if gray:
+        out = array_to_luma(run_luma(luma_to_array(img)))
+    else:
+        y, cb, cr = img.convert("YCbCr").split()
+        y2 = array_to_luma(run_luma(luma_to_array(y)))
+        out = Image.merge("YCbCr", (y2, cb.resize(size, Image.BICUBIC), cr.resize(size, Image.BICUBIC)))
+        out = out.convert("RGB")
+    if alpha is not None:
+        out = out.convert("RGBA")
+        out.putalpha(alpha.resize(size, Image.BICUBIC))
+    return out
