@@ -1,0 +1,21 @@
+import os
+import secrets
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh random generator per test; the seed is printed so a failure can be replayed
+    (NPURUN_TEST_SEED=<seed> pytest ...)."""
+    seed = int(os.environ.get("NPURUN_TEST_SEED") or secrets.randbits(32))
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
+
+
+def nonzero_normal(rng, shape, dtype=np.float32):
+    """Standard-normal values pushed away from 0, so no test runs on (near-)zero inputs."""
+    x = rng.standard_normal(shape)
+    x = np.where(np.abs(x) < 0.05, np.sign(x + 1e-12) * 0.05 + x, x)
+    return x.astype(dtype)
