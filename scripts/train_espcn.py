@@ -147,6 +147,7 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--patch", type=int, default=24, help="LR patch side (HR is 3x)")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--head-lr", type=float, default=0.1, help="last layer LR multiplier")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "npurun" / "zoo")
     args = ap.parse_args()
@@ -165,7 +166,7 @@ def main():
     head = list(model.conv3.parameters())
     body = list(model.conv1.parameters()) + list(model.conv2.parameters())
     opt = torch.optim.Adam([{"params": body, "lr": args.lr},
-                            {"params": head, "lr": args.lr * 0.1}])
+                            {"params": head, "lr": args.lr * args.head_lr}])
     base = [g["lr"] for g in opt.param_groups]
     # Cosine decay to 1% over the step budget: a step-based (not time-based)
     # schedule keeps the run reproducible for a given --steps.

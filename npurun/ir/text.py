@@ -115,7 +115,8 @@ class _Tok:
 
 
 def _tokenize(text: str, file: str) -> list[_Tok]:
-    toks, pos, line, line_start, depth = [], 0, 1, 0, 0
+    toks, pos, line, line_start = [], 0, 1, 0
+    opened: list[_Tok] = []  # brackets not yet closed
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m:
@@ -124,16 +125,20 @@ def _tokenize(text: str, file: str) -> list[_Tok]:
         kind, s = m.lastgroup, m.group()
         col = pos - line_start + 1
         if kind == "nl":
-            if depth == 0:  # newlines inside ( ) or [ ] continue the statement
+            if not opened:  # newlines inside ( ) or [ ] continue the statement
                 toks.append(_Tok("nl", s, line, col))
             line, line_start = line + 1, m.end()
         elif kind != "ws":
-            if s in "([":
-                depth += 1
-            elif s in ")]":
-                depth = max(0, depth - 1)
-            toks.append(_Tok(kind, s, line, col))
+            tok = _Tok(kind, s, line, col)
+            if kind == "punct" and s in "([":
+                opened.append(tok)
+            elif kind == "punct" and s in ")]" and opened:
+                opened.pop()
+            toks.append(tok)
         pos = m.end()
+    if opened:
+        t = opened[-1]
+        raise ParseError(f"{t.text!r} is never closed", file=file, line=t.line, col=t.col)
     toks.append(_Tok("nl", "", line, pos - line_start + 1))
     toks.append(_Tok("eof", "", line, pos - line_start + 1))
     return toks

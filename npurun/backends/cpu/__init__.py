@@ -1,22 +1,58 @@
-"""The `cpu` backend.
+"""The `cpu` backend: a compiled Program over the host CPU.
 
-Today it runs the reference kernels as a compiled `Program` (values released after their last
-use) with NumPy's BLAS limited to the Executor's `parallelism` threads. Issue C replaces the
-hot kernels (convolution, matmul, fused epilogues) with fast ones; anything without a fast
-kernel keeps falling back to the reference kernel, as it does now.
+Convolutions run the banded im2col + GEMM kernel of `conv.py` with the bias and a following
+activation fused into it (when the activation is the convolution's only reader), spread over
+the Executor's `parallelism` threads. Every other op runs its reference kernel with NumPy's
+BLAS limited to `parallelism` threads. Issue C widens the set of fast kernels; the rule stays:
+each fast kernel is checked against the reference kernel in tests.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from threadpoolctl import threadpool_limits
 
+from ...ir.ops import OPS
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
+from . import conv
 
 
 class CpuProgram(Program):
-    def __init__(self, graph, kernels, backend, threads: int):
-        super().__init__(graph, kernels, backend)
-        self.threads = threads
+    def __init__(self, graph, backend: "CpuBackend"):
+        self.threads = backend.parallelism
+        self.pool = backend.pool
+        kernels = dict(KERNELS)
+        kernels["conv"] = self._conv
+        super().__init__(graph, kernels, backend.name)
+        self._fuse_activations()
+
+    def _conv(self, x, w, b=None, *, _act=None, _act_attrs=None, **attrs):
+        if not conv.fast_conv_applies(x, w, attrs):
+            y = KERNELS["conv"](x, w, b, **attrs)
+            return y if _act is None else KERNELS[_act](y, **_act_attrs)
+        return conv.conv2d(x, w, b, attrs, _act, _act_attrs, self.pool, self.threads)
+
+    def _fuse_activations(self):
+        """conv -> activation, where the activation is the conv's only reader and the conv's
+        result is not a graph output, becomes one step writing the activation's result."""
+        readers = self.graph.consumers()
+        fused, drop = [], set()
+        for k, (n, fn, attrs, dead) in enumerate(self.steps):
+            if k in drop:
+                continue
+            nxt = self.steps[k + 1] if k + 1 < len(self.steps) else None
+            if (n.op == "conv" and nxt is not None and nxt[0].op in conv.EPILOGUES
+                    and nxt[0].inputs == [n.outputs[0]] and len(readers.get(n.outputs[0], [])) == 1
+                    and n.outputs[0] not in self.graph.outputs):
+                act = nxt[0]
+                n2 = type(n)(n.op, n.inputs, act.outputs, n.attrs, n.hints, n.name, n.precision)
+                attrs = {**attrs, "_act": act.op, "_act_attrs": OPS[act.op].attrs_of(act)}
+                fused.append((n2, fn, attrs, [d for d in dead + nxt[3] if d != n.outputs[0]]))
+                drop.add(k + 1)
+            else:
+                fused.append((n, fn, attrs, dead))
+        self.steps = fused
 
     def run(self, feeds, progress=None):
         # BLAS threads are process-wide; limit them for the duration of this run only.
@@ -25,9 +61,14 @@ class CpuProgram(Program):
 
 
 class CpuBackend(Backend):
-    """Compiled programs on the host CPU, BLAS threads = the Executor's parallelism."""
+    """Compiled programs on the host CPU: banded conv with fused epilogues, threads = parallelism."""
 
     name = "cpu"
+
+    def __init__(self, target=None, parallelism=1):
+        super().__init__(target, parallelism)
+        self.pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="npurun-cpu") \
+            if parallelism > 1 else None
 
     def supports(self, node):
         if node.op in KERNELS:
@@ -35,4 +76,4 @@ class CpuBackend(Backend):
         return False, f"no CPU kernel for {node.op}"
 
     def compile(self, graph):
-        return CpuProgram(graph, KERNELS, self.name, self.parallelism)
+        return CpuProgram(graph, self)
