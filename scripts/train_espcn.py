@@ -47,9 +47,15 @@ def luma(img):
     return np.asarray(img.convert("YCbCr"), dtype=np.float32)[:, :, 0] / 255.0
 
 
-def load_pair(path):
-    """HR luma, LR luma and bicubic-upscaled luma for one photo, per the protocol."""
+def load_pair(path, zoom=1.0):
+    """HR luma, LR luma and bicubic-upscaled luma for one photo, per the protocol.
+
+    zoom < 1 first shrinks the photo (training augmentation only): a smaller
+    copy is a new, sharper HR image with the same content statistics.
+    """
     hr = Image.open(path).convert("RGB")
+    if zoom != 1.0:
+        hr = hr.resize((round(hr.size[0] * zoom), round(hr.size[1] * zoom)), Image.BICUBIC)
     w, h = hr.size[0] - hr.size[0] % SCALE, hr.size[1] - hr.size[1] % SCALE
     hr = hr.crop((0, 0, w, h))
     lr = hr.resize((w // SCALE, h // SCALE), Image.BICUBIC)
@@ -148,6 +154,7 @@ def main():
     ap.add_argument("--patch", type=int, default=24, help="LR patch side (HR is 3x)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--head-lr", type=float, default=0.1, help="last layer LR multiplier")
+    ap.add_argument("--zooms", default="1", help="comma list of training photo rescales")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "npurun" / "zoo")
     args = ap.parse_args()
@@ -158,7 +165,8 @@ def main():
     rng = np.random.default_rng(args.seed)
     data = skimage_data_dir()
 
-    pairs = [load_pair(data / f)[:2] for f in TRAIN]
+    zooms = [float(z) for z in args.zooms.split(",")]
+    pairs = [load_pair(data / f, z)[:2] for f in TRAIN for z in zooms]
     sampler = PatchSampler(pairs, args.patch, rng)
     model = ESPCN()
     # As in the paper the last layer learns 10x slower; with Adam this mainly

@@ -16,6 +16,7 @@ SHAPES = [  # (N, C, H, W), (M, kh, kw), attrs
     ((1, 6, 15, 15), (4, 3, 3), {"dilations": [2, 2]}),
     ((1, 12, 9, 11), (7, 1, 1), {}),
     ((1, 3, 8, 8), (2, 2, 4), {"auto_pad": "SAME_UPPER", "strides": [1, 2]}),
+    ((1, 10, 13, 9), (4, 3, 5), {"pads": [0, 2, 1, 1], "dilations": [1, 2]}),  # shifted taps, uneven pads
 ]
 
 

@@ -1,13 +1,18 @@
-"""Convolution for the cpu backend: banded im2col + one GEMM per band, with the bias and an
+"""Convolution for the cpu backend, band by band over output rows, with the bias and an
 activation applied in the same pass (the epilogue), bands spread over the compute threads.
+Two algorithms, chosen per shape by what each copies per output pixel:
 
-    x (N, C, H, W) --pad--> xp;  for each band of output rows [r0, r1):
-        col (C*kh*kw, rows*Wo) <- kh*kw strided copies of xp   (never the whole image)
-        y[n, :, r0:r1, :] = W (M, C*kh*kw) @ col ; += bias ; act(in place)
+- **im2col** (kh*kw*C floats copied per pixel; best when C is small, e.g. ESPCN's first layer):
+      col (C*kh*kw, rows*Wo) <- kh*kw strided copies of the padded input   (one band, never the image)
+      y[n, :, r0:r1, :] = W (M, C*kh*kw) @ col
+- **shifted taps** (stride 1; kh*kw*M floats accumulated per pixel; best when M < C): with the
+  padded input flattened per channel (row pitch Wp), the input of tap (ky, kx) for a band is
+  the *contiguous* slice starting at (r0+ky)*Wp+kx, so each tap is one GEMM on a view, with no
+  copy: acc (M, rows*Wp) += W[:, :, ky, kx] (M, C) @ xflat[:, off:off+rows*Wp]. The Wp-Wo
+  columns that wrap around a row end are computed and dropped.
 
-Each band's buffer stays a few MB, so the im2col matrix of a 4K image never exists whole, and
-the GEMM, copies and activation of different bands run on different cores (NumPy releases the
-GIL in all three). BLAS itself is held to one thread meanwhile, so cores are not oversubscribed.
+Bands keep buffers to a few MB; NumPy releases the GIL in copies, GEMMs and ufuncs, so bands
+run in parallel. BLAS itself is held to one thread meanwhile, so cores are not oversubscribed.
 Grouped/depthwise convolutions, and anything not 2-D, take the reference kernel.
 """
 from __future__ import annotations
@@ -41,20 +46,44 @@ def conv2d(x, w, b, attrs, act=None, act_attrs=None, pool: ThreadPoolExecutor | 
     begin, end, out, strides, dil = _window_pads(x.shape, [kh, kw], attrs["strides"], attrs["dilations"],
                                                  attrs["pads"], attrs["auto_pad"])
     ho, wo = out
-    xp = np.pad(x, [(0, 0), (0, 0), (begin[0], end[0]), (begin[1], end[1])]) if any(begin + end) else x
+    (sh, sw), (dh, dw) = strides, dil
+    pointwise = kh == kw == 1 and strides == [1, 1] and not any(begin + end)
+    taps = not pointwise and strides == [1, 1] and m < c
+    # One extra zero row at the bottom keeps the last band's wrapped tap slices in bounds.
+    xp = _pad(x, begin, [end[0] + (1 if taps else 0), end[1]], pool, threads) \
+        if any(begin + end) or taps else x
+    hp, wp = xp.shape[2:]
     k = c * kh * kw
     wmat = np.ascontiguousarray(w.reshape(m, k))
+    wtaps = [np.ascontiguousarray(w[:, :, ky, kx]) for ky in range(kh) for kx in range(kw)]
     bias = None if b is None else b.reshape(m, 1).astype(np.float32)
     y = np.empty((n, m, ho, wo), np.float32)
-    rows = max(1, min(ho, BAND_BYTES // (k * wo * 4)))
+    per_row = (m * 2 * wp) if taps else (k * wo)
+    rows = max(1, min(ho, BAND_BYTES // (per_row * 4)))
     if threads > 1:  # enough bands for every thread
         rows = max(1, min(rows, math.ceil(ho / (2 * threads))))
-    pointwise = kh == kw == 1 and strides == [1, 1]
-    (sh, sw), (dh, dw) = strides, dil
 
     def band(job):
         i, r0 = job
         r1 = min(ho, r0 + rows)
+        if taps:
+            xflat = xp[i].reshape(c, -1)
+            span = (r1 - r0) * wp
+            acc = np.empty((m, span), np.float32)
+            tmp = np.empty((m, span), np.float32)
+            for t, (ky, kx) in enumerate((ky, kx) for ky in range(kh) for kx in range(kw)):
+                off = (r0 + ky * dh) * wp + kx * dw
+                np.matmul(wtaps[t], xflat[:, off: off + span], out=tmp if t else acc)
+                if t:
+                    acc += tmp
+            yb = y[i, :, r0:r1, :]
+            yb[...] = acc.reshape(m, r1 - r0, wp)[:, :, :wo]
+            yb = yb.reshape(m, -1)
+            if bias is not None:
+                yb += bias
+            if act is not None:
+                EPILOGUES[act](yb, act_attrs)
+            return
         if pointwise:
             col = xp[i, :, r0:r1, :].reshape(c, -1)  # a view when the input is contiguous
         else:
@@ -73,10 +102,27 @@ def conv2d(x, w, b, attrs, act=None, act_attrs=None, pool: ThreadPoolExecutor | 
             EPILOGUES[act](yb, act_attrs)
 
     jobs = [(i, r0) for i in range(n) for r0 in range(0, ho, rows)]
+    _run(band, jobs, pool, threads)
+    return y
+
+
+def _run(fn, jobs, pool, threads):
     with threadpool_limits(limits=1, user_api="blas"):
         if pool is None or threads == 1:
             for j in jobs:
-                band(j)
+                fn(j)
         else:
-            list(pool.map(band, jobs))
-    return y
+            list(pool.map(fn, jobs))
+
+
+def _pad(x, begin, end, pool, threads):
+    """Zero-pad the two spatial axes, copying channel slices in parallel (np.pad is serial)."""
+    n, c, h, w = x.shape
+    xp = np.zeros((n, c, h + begin[0] + end[0], w + begin[1] + end[1]), x.dtype)
+    step = max(1, math.ceil(c / max(1, threads)))
+
+    def copy(job):
+        i, c0 = job
+        xp[i, c0:c0 + step, begin[0]:begin[0] + h, begin[1]:begin[1] + w] = x[i, c0:c0 + step]
+    _run(copy, [(i, c0) for i in range(n) for c0 in range(0, c, step)], pool, threads)
+    return xp
