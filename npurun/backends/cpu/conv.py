@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ..reference.kernels import _window_pads
+from ..reference.kernels.nn import _window_pads
 
 BAND_BYTES = 4 << 20  # target size of one band's im2col buffer
 

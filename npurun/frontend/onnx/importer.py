@@ -12,7 +12,6 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper

@@ -1,0 +1,177 @@
+"""Reference kernels: windows (conv, pool), linear algebra, normalization, reductions."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from . import KERNELS, _like, kernel
+
+def _window_pads(x_shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0):
+    """Begin/end padding per spatial axis, resolving auto_pad and ceil_mode."""
+    nd = len(kernel_shape)
+    strides = strides or [1] * nd
+    dilations = dilations or [1] * nd
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i in range(nd):
+            size = x_shape[2 + i]
+            total = max(0, (math.ceil(size / strides[i]) - 1) * strides[i]
+                        + (kernel_shape[i] - 1) * dilations[i] + 1 - size)
+            small = total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+    elif auto_pad == "VALID":
+        begin, end = [0] * nd, [0] * nd
+    else:
+        pads = pads or [0] * (2 * nd)
+        begin, end = list(pads[:nd]), list(pads[nd:])
+    out = []
+    for i in range(nd):
+        eff = dilations[i] * (kernel_shape[i] - 1) + 1
+        span = x_shape[2 + i] + begin[i] + end[i] - eff
+        n = (math.ceil(span / strides[i]) if ceil_mode else span // strides[i]) + 1
+        if ceil_mode and (n - 1) * strides[i] >= x_shape[2 + i] + begin[i]:
+            n -= 1  # a window may not start in the end padding
+        out.append(n)
+        extra = (n - 1) * strides[i] + eff - (x_shape[2 + i] + begin[i] + end[i])
+        end[i] += max(0, extra)
+    return begin, end, out, strides, dilations
+
+
+def _taps(xp, kernel_shape, strides, dilations, out):
+    """Yield (tap index, strided view of the padded input for that tap): x is (N, C, *S)."""
+    for tap in itertools.product(*[range(k) for k in kernel_shape]):
+        idx = tuple(slice(t * d, t * d + (o - 1) * s + 1, s)
+                    for t, d, s, o in zip(tap, dilations, strides, out))
+        yield tap, xp[(slice(None), slice(None)) + idx]
+
+
+@kernel("conv")
+def conv(x, w, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pad):
+    # x is (N, C, *S); w is (M, C/group, *K). Accumulate one matmul per kernel tap, so memory
+    # stays at one shifted copy of the input rather than a whole im2col matrix.
+    ks = list(kernel_shape or w.shape[2:])
+    begin, end, out, strides, dilations = _window_pads(x.shape, ks, strides, dilations, pads, auto_pad)
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end)))
+    n, c = x.shape[:2]
+    m, g = w.shape[0], group
+    y = np.zeros((n, g, m // g, math.prod(out)), dtype=np.result_type(x, w))
+    wg = w.reshape(g, m // g, c // g, *w.shape[2:])
+    for tap, xs in _taps(xp, ks, strides, dilations, out):
+        y += wg[(slice(None),) * 3 + tap] @ xs.reshape(n, g, c // g, -1)
+    y = y.reshape(n, m, *out)
+    if b is not None:
+        y += b.reshape((1, m) + (1,) * len(out))
+    return y.astype(x.dtype, copy=False)
+
+
+@kernel("max_pool")
+def max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
+    begin, end, out, strides, dilations = _window_pads(
+        x.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    low = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end)), constant_values=low)
+    y = None
+    for _, xs in _taps(xp, kernel_shape, strides, dilations, out):
+        y = xs.copy() if y is None else np.maximum(y, xs)
+    return y
+
+
+@kernel("average_pool")
+def average_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad, count_include_pad):
+    begin, end, out, strides, dilations = _window_pads(
+        x.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    explicit_end = list((pads or [0] * (2 * len(kernel_shape)))[len(kernel_shape):]) \
+        if auto_pad == "NOTSET" else [0] * len(kernel_shape)
+    widths = [(0, 0), (0, 0)] + list(zip(begin, end))
+    xp = np.pad(x.astype(np.float64), widths)
+    # The divisor counts real elements, plus explicit padding if count_include_pad (never the
+    # extra end padding ceil_mode adds).
+    ones = np.ones((1, 1) + x.shape[2:])
+    if count_include_pad:
+        ones = np.pad(ones, [(0, 0), (0, 0)] + list(zip(begin, explicit_end)), constant_values=1)
+        cp = np.pad(ones, [(0, 0), (0, 0)] + [(0, e - pe) for e, pe in zip(end, explicit_end)])
+    else:
+        cp = np.pad(ones, widths)
+    total = np.zeros(x.shape[:2] + tuple(out))
+    count = np.zeros((1, 1) + tuple(out))
+    for (_, xs), (_, cs) in zip(_taps(xp, kernel_shape, strides, dilations, out),
+                                _taps(cp, kernel_shape, strides, dilations, out)):
+        total += xs
+        count += cs
+    return (total / count).astype(x.dtype)
+
+
+@kernel("global_average_pool")
+def global_average_pool(x):
+    return x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=np.float64).astype(x.dtype)
+
+
+@kernel("global_max_pool")
+def global_max_pool(x):
+    return x.max(axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+# ---------------------------------------------------------------- linear algebra, normalization
+
+@kernel("matmul")
+def matmul(a, b):
+    return np.matmul(a, b)
+
+
+@kernel("gemm")
+def gemm(a, b, c=None, *, alpha, beta, trans_a, trans_b):
+    y = alpha * ((a.T if trans_a else a) @ (b.T if trans_b else b))
+    if c is not None:
+        y = y + beta * c
+    return y.astype(a.dtype, copy=False)
+
+
+@kernel("batch_normalization")
+def batch_normalization(x, scale, bias, mean, var, *, epsilon):
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    inv = scale / np.sqrt(var + epsilon)
+    return _like(x, (x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape))
+
+
+@kernel("layer_normalization")
+def layer_normalization(x, scale, bias=None, *, axis, epsilon):
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + epsilon) * scale
+    return _like(x, y if bias is None else y + bias)
+
+
+@kernel("softmax")
+def softmax(x, *, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@kernel("log_softmax")
+def log_softmax(x, *, axis):
+    z = x - x.max(axis=axis, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+
+
+def _reducer(fn):
+    def reduce(x, axes=None, *, keepdims, noop_with_empty_axes):
+        if axes is None or axes.size == 0:
+            if noop_with_empty_axes:
+                return x
+            ax = None
+        else:
+            ax = tuple(int(a) for a in axes.reshape(-1))
+        return _like(x, fn(x, axis=ax, keepdims=bool(keepdims)))
+    return reduce
+
+
+KERNELS["reduce_mean"] = _reducer(np.mean)
+KERNELS["reduce_sum"] = _reducer(np.sum)
+KERNELS["reduce_max"] = _reducer(np.max)
+KERNELS["reduce_min"] = _reducer(np.min)
+
+

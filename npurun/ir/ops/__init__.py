@@ -1,0 +1,118 @@
+"""The op vocabulary: every op is declared once, in the family module of this package.
+
+A declaration gives the op's operands (roles; `?` marks an optional one, `*` a variadic tail),
+its attributes with their defaults, group tags that passes ask about
+(`"elementwise" in OPS[n.op].groups`), shape/dtype inference and cost (multiply-accumulates;
+bytes moved are derived from the operand types).
+
+Op names are lowercase snake case (`matmul`, `depth_to_space`); an op name in text may carry a
+precision suffix (`matmul_f16`), kept on the node as `precision`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ...errors import VerifyError
+from ..dtypes import FLOAT_TYPES
+from ..shapes import numel
+
+REQUIRED = object()  # an attribute without a default
+PRECISIONS = ("f32", "f16", "bf16", "i8", "i8acc16", "i16")
+# Schedule hints any node may carry; they do not change what a node computes.
+HINT_KEYS = {"pipeline": "stages of software pipelining (double buffering is 2)",
+             "burst": "DMA burst size in bytes",
+             "unit": "compute unit the node is pinned to",
+             "tile": "tile shape the node is split into"}
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...] = ("y",)
+    attrs: dict = field(default_factory=dict)
+    groups: frozenset = frozenset()
+    infer: Callable | None = None  # (node, attrs, [Value|None]) -> [(shape, dtype)]
+    macs: Callable | None = None  # (attrs, in_shapes, out_shapes) -> int
+
+    @property
+    def min_inputs(self) -> int:
+        return sum(1 for r in self.inputs if not r.endswith(("?", "*")))
+
+    @property
+    def variadic(self) -> bool:
+        return bool(self.inputs) and self.inputs[-1].endswith("*")
+
+    def attrs_of(self, node) -> dict:
+        return {**self.attrs, **node.attrs}
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def op(name, inputs, outputs=("y",), attrs=None, groups=(), macs=None):
+    def register(infer):
+        OPS[name] = OpDef(name, tuple(inputs), tuple(outputs), dict(attrs or {}),
+                          frozenset(groups), infer, macs)
+        return infer
+    return register
+
+
+def split_precision(full: str) -> tuple[str, str | None]:
+    """`"matmul_f16"` -> ("matmul", "f16"); an unknown name comes back unchanged."""
+    if full in OPS:
+        return full, None
+    base, _, suffix = full.rpartition("_")
+    if base in OPS and suffix in PRECISIONS:
+        return base, suffix
+    return full, None
+
+
+def _fail(node, msg):
+    raise VerifyError(f"{node.label()}: {msg}")
+
+
+def _const_ints(v, node, role):
+    """Integer contents of a constant operand (shape, axes, pads), or None if computed."""
+    if v is None or v.data is None:
+        return None
+    return [int(x) for x in v.data.reshape(-1)]
+
+
+def _same(node, a, ins):
+    """Result has the first operand's type (unary math, normalization, ...)."""
+    return [(ins[0].shape, ins[0].dtype)]
+
+
+def _axis(a, rank, node):
+    if not -rank <= a < max(rank, 1):
+        _fail(node, f"axis {a} out of range for rank {rank}")
+    return a % rank if rank else 0
+
+
+# Families register their ops on import.
+from . import elementwise, nn, shape  # noqa: E402,F401  (registration)
+from .elementwise import ACTIVATIONS  # noqa: E402,F401  (re-export)
+
+FLOAT_ONLY = frozenset({"conv", "matmul", "gemm", "softmax", "log_softmax", "tanh", "sigmoid",
+                        "erf", "batch_normalization", "layer_normalization"})
+
+
+def infer_node(node, values: dict) -> list[tuple]:
+    """Shape/dtype inference for one node, given the graph's values by name."""
+    d = OPS.get(node.op)
+    if d is None:
+        raise VerifyError(f"{node.label()}: unknown op {node.op!r}")
+    ins = [values[i] if i else None for i in node.inputs]
+    if node.op in FLOAT_ONLY and ins[0] is not None and ins[0].dtype not in FLOAT_TYPES:
+        _fail(node, f"operand {node.inputs[0]!r} has dtype {ins[0].dtype}; {node.op} expects a float type")
+    return d.infer(node, d.attrs_of(node), ins)
+
+
+def macs(node, in_shapes, out_shapes) -> int:
+    """Multiply-accumulates of one node for concrete shapes (0 for ops without MACs)."""
+    d = OPS[node.op]
+    if d.macs is None or any(numel(s) is None for s in list(in_shapes) + list(out_shapes) if s is not None):
+        return 0
+    return int(d.macs(d.attrs_of(node), in_shapes, out_shapes))

@@ -1,0 +1,55 @@
+"""Elementwise ops: unary math and activations, binary arithmetic, comparisons, where, clip, cast."""
+from __future__ import annotations
+
+from ..shapes import broadcast
+from . import REQUIRED, _fail, _same, op
+
+UNARY = ["relu", "tanh", "sigmoid", "exp", "log", "sqrt", "neg", "abs", "erf", "reciprocal",
+         "floor", "ceil", "round", "sin", "cos", "sign", "softplus", "softsign", "identity",
+         "hard_swish", "not"]
+for _n in UNARY:
+    op(_n, ["x"], groups={"elementwise", "unary"})(_same)
+for _n, _attrs in {"leaky_relu": {"alpha": 0.01}, "elu": {"alpha": 1.0},
+                   "selu": {"alpha": 1.6732632423543772, "gamma": 1.0507009873554805},
+                   "hard_sigmoid": {"alpha": 0.2, "beta": 0.5}, "gelu": {"approximate": "none"},
+                   "celu": {"alpha": 1.0}}.items():
+    op(_n, ["x"], attrs=_attrs, groups={"elementwise", "unary"})(_same)
+
+ACTIVATIONS = frozenset({"relu", "tanh", "sigmoid", "leaky_relu", "elu", "selu", "hard_sigmoid",
+                         "hard_swish", "gelu", "softplus", "clip", "celu"})
+
+
+@op("clip", ["x", "min?", "max?"], groups={"elementwise"})
+def _clip(node, a, ins):
+    return _same(node, a, ins)
+
+
+@op("cast", ["x"], attrs={"to": REQUIRED, "saturate": 1}, groups={"elementwise", "unary"})
+def _cast(node, a, ins):
+    return [(ins[0].shape, a["to"])]
+
+
+def _bcast(node, ins):
+    shape = ins[0].shape
+    for v in ins[1:]:
+        shape = broadcast(shape, v.shape)
+        if shape is None:
+            _fail(node, f"operand shapes {[list(i.shape) for i in ins]} do not broadcast")
+    return shape
+
+
+ARITH = ["add", "sub", "mul", "div", "pow", "max", "min", "mod", "prelu", "bitwise_and"]
+COMPARE = ["equal", "less", "greater", "less_or_equal", "greater_or_equal", "and", "or", "xor"]
+for _n in ARITH:
+    op(_n, ["a", "b"], attrs={"fmod": 0} if _n == "mod" else {}, groups={"elementwise", "binary"})(
+        lambda node, a, ins: [(_bcast(node, ins), ins[0].dtype)])
+for _n in COMPARE:
+    op(_n, ["a", "b"], groups={"elementwise", "binary"})(
+        lambda node, a, ins: [(_bcast(node, ins), "bool")])
+
+
+@op("where", ["cond", "x", "y"], groups={"elementwise"})
+def _where(node, a, ins):
+    return [(_bcast(node, ins), ins[1].dtype)]
+
+

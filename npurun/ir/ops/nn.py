@@ -1,0 +1,149 @@
+"""Neural-network ops: convolution, matrix products, normalization, softmax, pooling, reductions."""
+from __future__ import annotations
+
+import math
+
+from ..shapes import UNKNOWN, affine, broadcast, numel
+from . import REQUIRED, _axis, _const_ints, _fail, _same, op
+
+def _conv_out(size, k, stride, dil, pad_total):
+    return affine(size, add=pad_total - dil * (k - 1) - 1 + stride, div=stride) if stride != 1 \
+        else affine(size, add=pad_total - dil * (k - 1))
+
+
+def _spatial(node, a, x_shape, kernel):
+    """Output spatial dims of a conv/pool window over `x_shape[2:]`."""
+    nd = len(kernel)
+    strides = a.get("strides") or [1] * nd
+    dils = a.get("dilations") or [1] * nd
+    pads = a.get("pads") or [0] * (2 * nd)
+    out = []
+    for i in range(nd):
+        size = x_shape[2 + i]
+        auto = a.get("auto_pad", "NOTSET")
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(affine(size, add=strides[i] - 1, div=strides[i]) if isinstance(size, int)
+                       or strides[i] == 1 else UNKNOWN)
+        elif auto == "VALID":
+            out.append(_conv_out(size, kernel[i], strides[i], dils[i], 0))
+        elif a.get("ceil_mode") and isinstance(size, int):
+            eff = dils[i] * (kernel[i] - 1) + 1
+            out.append(math.ceil((size + pads[i] + pads[i + nd] - eff) / strides[i]) + 1)
+        else:
+            out.append(_conv_out(size, kernel[i], strides[i], dils[i], pads[i] + pads[i + nd]))
+    return out
+
+
+def _conv_macs(a, ins, outs):
+    w = ins[1]
+    return numel(outs[0]) * math.prod(w[1:])
+
+
+_CONV_ATTRS = {"strides": None, "pads": None, "dilations": None, "group": 1,
+               "kernel_shape": None, "auto_pad": "NOTSET"}
+
+
+@op("conv", ["x", "w", "b?"], attrs=_CONV_ATTRS, groups={"conv", "mac"}, macs=_conv_macs)
+def _conv(node, a, ins):
+    x, w = ins[0], ins[1]
+    if len(x.shape) != len(w.shape) or len(x.shape) < 3:
+        _fail(node, f"input rank {len(x.shape)} and weight rank {len(w.shape)} must match and be >= 3")
+    cin, g = x.shape[1], a["group"]
+    if isinstance(cin, int) and isinstance(w.shape[1], int) and cin != w.shape[1] * g:
+        _fail(node, f"input has {cin} channels, weight expects {w.shape[1]} x group {g}")
+    spatial = _spatial(node, a, x.shape, a["kernel_shape"] or list(w.shape[2:]))
+    return [((x.shape[0], w.shape[0], *spatial), x.dtype)]
+
+
+def _matmul_shape(node, sa, sb):
+    if len(sa) == 0 or len(sb) == 0:
+        _fail(node, "matmul operands must have rank >= 1")
+    a2 = sa if len(sa) > 1 else (1, sa[0])
+    b2 = sb if len(sb) > 1 else (sb[0], 1)
+    k1, k2 = a2[-1], b2[-2]
+    if isinstance(k1, int) and isinstance(k2, int) and k1 != k2:
+        _fail(node, f"inner dimensions differ: {list(sa)} @ {list(sb)}")
+    batch = broadcast(tuple(a2[:-2]), tuple(b2[:-2]))
+    if batch is None:
+        _fail(node, f"batch dimensions do not broadcast: {list(sa)} @ {list(sb)}")
+    out = list(batch) + [a2[-2], b2[-1]]
+    if len(sa) == 1:
+        out.pop(-2)
+    if len(sb) == 1:
+        out.pop(-1)
+    return tuple(out)
+
+
+def _matmul_macs(a, ins, outs):
+    return numel(outs[0]) * (ins[0][-1])
+
+
+@op("matmul", ["a", "b"], groups={"matmul", "mac"}, macs=_matmul_macs)
+def _matmul(node, a, ins):
+    return [(_matmul_shape(node, ins[0].shape, ins[1].shape), ins[0].dtype)]
+
+
+@op("gemm", ["a", "b", "c?"], attrs={"alpha": 1.0, "beta": 1.0, "trans_a": 0, "trans_b": 0},
+    groups={"matmul", "mac"},
+    macs=lambda a, ins, outs: numel(outs[0]) * ins[0][0 if a["trans_a"] else 1])
+def _gemm(node, a, ins):
+    sa, sb = ins[0].shape, ins[1].shape
+    if len(sa) != 2 or len(sb) != 2:
+        _fail(node, f"gemm operands must be 2-D, got {list(sa)} and {list(sb)}")
+    m = sa[1] if a["trans_a"] else sa[0]
+    n = sb[0] if a["trans_b"] else sb[1]
+    return [((m, n), ins[0].dtype)]
+
+
+@op("batch_normalization", ["x", "scale", "bias", "mean", "var"], attrs={"epsilon": 1e-5},
+    groups={"norm"})
+def _bn(node, a, ins):
+    return _same(node, a, ins)
+
+
+@op("layer_normalization", ["x", "scale", "bias?"], attrs={"axis": -1, "epsilon": 1e-5},
+    groups={"norm"})
+def _ln(node, a, ins):
+    return _same(node, a, ins)
+
+
+for _n in ("softmax", "log_softmax"):
+    op(_n, ["x"], attrs={"axis": -1}, groups={"normalizing"})(_same)
+
+
+_POOL_ATTRS = {"kernel_shape": REQUIRED, "strides": None, "pads": None, "dilations": None,
+               "ceil_mode": 0, "auto_pad": "NOTSET"}
+
+
+@op("max_pool", ["x"], attrs=_POOL_ATTRS, groups={"pool"})
+def _maxpool(node, a, ins):
+    x = ins[0]
+    return [((x.shape[0], x.shape[1], *_spatial(node, a, x.shape, a["kernel_shape"])), x.dtype)]
+
+
+@op("average_pool", ["x"], attrs={**_POOL_ATTRS, "count_include_pad": 0}, groups={"pool"})
+def _avgpool(node, a, ins):
+    return _maxpool(node, a, ins)
+
+
+for _n in ("global_average_pool", "global_max_pool"):
+    op(_n, ["x"], groups={"pool"})(
+        lambda node, a, ins: [((*ins[0].shape[:2], *[1] * (len(ins[0].shape) - 2)), ins[0].dtype)])
+
+
+for _n in ("reduce_mean", "reduce_sum", "reduce_max", "reduce_min"):
+    @op(_n, ["x", "axes?"], attrs={"keepdims": 1, "noop_with_empty_axes": 0}, groups={"reduce"})
+    def _reduce(node, a, ins):
+        x = ins[0]
+        axes = _const_ints(ins[1] if len(ins) > 1 else None, node, "axes")
+        if len(ins) > 1 and ins[1] is not None and axes is None:
+            n = len(x.shape) if a["keepdims"] else UNKNOWN
+            return [((UNKNOWN,) * n if isinstance(n, int) else (), x.dtype)]
+        if not axes:
+            axes = [] if a["noop_with_empty_axes"] else list(range(len(x.shape)))
+        axes = {_axis(i, len(x.shape), node) for i in axes}
+        shape = [1 if i in axes else d for i, d in enumerate(x.shape)] if a["keepdims"] else \
+            [d for i, d in enumerate(x.shape) if i not in axes]
+        return [(tuple(shape), x.dtype)]
+
+
