@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..shapes import broadcast
 from . import REQUIRED, _fail, _same, op
 
+
 UNARY = ["relu", "tanh", "sigmoid", "exp", "log", "sqrt", "neg", "abs", "erf", "reciprocal",
          "floor", "ceil", "round", "sin", "cos", "sign", "softplus", "softsign", "identity",
          "hard_swish", "not"]

@@ -6,6 +6,7 @@ import math
 from ..shapes import UNKNOWN, affine, broadcast, numel
 from . import REQUIRED, _axis, _const_ints, _fail, _same, op
 
+
 def _conv_out(size, k, stride, dil, pad_total):
     return affine(size, add=pad_total - dil * (k - 1) - 1 + stride, div=stride) if stride != 1 \
         else affine(size, add=pad_total - dil * (k - 1))

@@ -6,6 +6,7 @@ import math
 from ..shapes import UNKNOWN, affine, broadcast, dim_add, dim_mul, numel
 from . import REQUIRED, _axis, _const_ints, _fail, op
 
+
 @op("reshape", ["x", "shape"], attrs={"allowzero": 0}, groups={"view"})
 def _reshape(node, a, ins):
     x, target = ins[0], _const_ints(ins[1], node, "shape")
@@ -68,7 +69,7 @@ def _split(node, a, ins):
 @op("flatten", ["x"], attrs={"axis": 1}, groups={"view"})
 def _flatten(node, a, ins):
     s = ins[0].shape
-    ax = a["axis"] % (len(s) + 1) if s else 0
+    ax = a["axis"] + len(s) if a["axis"] < 0 else a["axis"]
     left = 1
     for d in s[:ax]:
         left = dim_mul(left, d)
@@ -95,8 +96,9 @@ def _squeeze(node, a, ins):
 def _unsqueeze(node, a, ins):
     s = list(ins[0].shape)
     axes = _const_ints(ins[1], node, "axes")
-    if axes is None:
-        _fail(node, "unsqueeze axes must be a constant")
+    if axes is None:  # computed axes: the rank is known, the dims are not
+        n = ins[1].shape[0] if ins[1].shape and isinstance(ins[1].shape[0], int) else 0
+        return [((UNKNOWN,) * (len(s) + n), ins[0].dtype)]
     rank = len(s) + len(axes)
     for ax in sorted(_axis(i, rank, node) for i in axes):
         s.insert(ax, 1)
@@ -175,7 +177,7 @@ def _d2s(node, a, ins):
     return [((n, affine(c, div=b * b), dim_mul(h, b), dim_mul(w, b)), ins[0].dtype)]
 
 
-@op("space_to_depth", ["x"], attrs={"blocksize": REQUIRED}, groups={"view"})
+@op("space_to_depth", ["x"], attrs={"blocksize": REQUIRED, "mode": "DCR"}, groups={"view"})
 def _s2d(node, a, ins):
     n, c, h, w = ins[0].shape
     b = a["blocksize"]

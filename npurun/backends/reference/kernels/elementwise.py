@@ -8,6 +8,7 @@ import numpy as np
 from ....ir.dtypes import to_numpy
 from . import KERNELS, _like, kernel
 
+
 _UNARY = {
     "relu": lambda x: np.maximum(x, 0),
     "tanh": np.tanh, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "neg": np.negative,

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import KERNELS, _like, kernel
 
+
 def _window_pads(x_shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0):
     """Begin/end padding per spatial axis, resolving auto_pad and ceil_mode."""
     nd = len(kernel_shape)
@@ -157,7 +158,15 @@ def log_softmax(x, *, axis):
     return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
 
 
-def _reducer(fn):
+def _lowest(dt):
+    return -np.inf if dt.kind == "f" else (False if dt.kind == "b" else np.iinfo(dt).min)
+
+
+def _highest(dt):
+    return np.inf if dt.kind == "f" else (True if dt.kind == "b" else np.iinfo(dt).max)
+
+
+def _reducer(fn, identity=None):
     def reduce(x, axes=None, *, keepdims, noop_with_empty_axes):
         if axes is None or axes.size == 0:
             if noop_with_empty_axes:
@@ -165,13 +174,15 @@ def _reducer(fn):
             ax = None
         else:
             ax = tuple(int(a) for a in axes.reshape(-1))
-        return _like(x, fn(x, axis=ax, keepdims=bool(keepdims)))
+        # Reducing an empty set gives the operation's identity (-inf for max, +inf for min).
+        extra = {"initial": identity(x.dtype)} if identity and x.size == 0 else {}
+        return _like(x, fn(x, axis=ax, keepdims=bool(keepdims), **extra))
     return reduce
 
 
 KERNELS["reduce_mean"] = _reducer(np.mean)
 KERNELS["reduce_sum"] = _reducer(np.sum)
-KERNELS["reduce_max"] = _reducer(np.max)
-KERNELS["reduce_min"] = _reducer(np.min)
+KERNELS["reduce_max"] = _reducer(np.max, _lowest)
+KERNELS["reduce_min"] = _reducer(np.min, _highest)
 
 

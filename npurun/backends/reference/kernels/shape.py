@@ -8,6 +8,7 @@ import numpy as np
 from ....ir.dtypes import to_numpy
 from . import kernel
 
+
 @kernel("reshape")
 def reshape(x, shape, *, allowzero):
     target = [int(s) for s in shape]
@@ -37,7 +38,7 @@ def split(x, sizes=None, *, axis, num_outputs):
 
 @kernel("flatten")
 def flatten(x, *, axis):
-    ax = axis % (x.ndim + 1) if x.ndim else 0
+    ax = axis + x.ndim if axis < 0 else axis
     return x.reshape(math.prod(x.shape[:ax]), -1)
 
 
@@ -109,10 +110,11 @@ def depth_to_space(x, *, blocksize, mode):
 
 
 @kernel("space_to_depth")
-def space_to_depth(x, *, blocksize):
+def space_to_depth(x, *, blocksize, mode):
     n, c, h, w = x.shape
     b = blocksize
-    y = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    y = y.transpose(0, 3, 5, 1, 2, 4) if mode == "DCR" else y.transpose(0, 1, 3, 5, 2, 4)
     return y.reshape(n, c * b * b, h // b, w // b)
 
 
@@ -124,13 +126,14 @@ def constant_of_shape(shape, *, value, dtype):
 # ---------------------------------------------------------------- resize
 
 def _source_coords(n_out, n_in, scale, mode):
+    # ONNX maps through the unrounded resized length n_in * scale, not the integer n_out.
     i = np.arange(n_out, dtype=np.float64)
     if mode == "half_pixel":
         return (i + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return (i + 0.5) / scale - 0.5 if n_out > 1 else np.zeros(n_out)
     if mode == "align_corners":
-        return i * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros(n_out)
+        return i * (n_in - 1) / (n_in * scale - 1) if n_out > 1 else np.zeros(n_out)
     if mode == "asymmetric":
         return i / scale
     if mode == "tf_half_pixel_for_nn":

@@ -64,13 +64,15 @@ def Split(ctx: Ctx):
     ins = [ctx.input(0)]
     if "split" in ctx.attrs:
         ins.append(_ints(ctx, ctx.attrs["split"], "split"))
-    ctx.emit("split", ins, list(ctx.node.output), axis=ctx.attrs.get("axis", 0))
+    ctx.emit("split", ins, list(ctx.node.output), axis=ctx.attrs.get("axis", 0),
+             num_outputs=None if len(ins) > 1 else len(ctx.node.output))
 
 
 @converter("Split", since=13)
 def Split_13(ctx: Ctx):
-    ctx.emit("split", ctx.inputs(), list(ctx.node.output), axis=ctx.attrs.get("axis", 0),
-             num_outputs=ctx.attrs.get("num_outputs"))
+    # Without sizes, the parts are as many as the node's outputs.
+    n = None if ctx.input(1) else ctx.attrs.get("num_outputs", len(ctx.node.output))
+    ctx.emit("split", ctx.inputs(), list(ctx.node.output), axis=ctx.attrs.get("axis", 0), num_outputs=n)
 
 
 @converter("Flatten")
@@ -160,7 +162,8 @@ def DepthToSpace(ctx: Ctx):
 
 @converter("SpaceToDepth")
 def SpaceToDepth(ctx: Ctx):
-    ctx.emit("space_to_depth", [ctx.input(0)], [ctx.output(0)], blocksize=ctx.attrs["blocksize"])
+    ctx.emit("space_to_depth", [ctx.input(0)], [ctx.output(0)], blocksize=ctx.attrs["blocksize"],
+             mode=ctx.attrs.get("mode", "DCR"))
 
 
 _RESIZE_KEYS = ("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a",

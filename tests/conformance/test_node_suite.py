@@ -1,0 +1,41 @@
+"""The ONNX backend node test suite through npurun's reference backend.
+
+Every case passes except those listed in `excluded.txt`, each with its reason; a listed case
+that starts passing fails this test too, so the list only ever shrinks and stays true.
+Regenerate the list after adding ops: `python tests/conformance/update_exclusions.py`.
+"""
+from pathlib import Path
+
+import pytest
+
+from .runner import run_all
+
+EXCLUDED = Path(__file__).with_name("excluded.txt")
+
+
+def excluded() -> dict[str, str]:
+    out = {}
+    for line in EXCLUDED.read_text().splitlines():
+        name, _, reason = line.partition("#")
+        if name.strip():
+            out[name.strip()] = reason.strip()
+    return out
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_all("reference")
+
+
+def test_node_suite(results):
+    ex = excluded()
+    failed = {k: v for k, v in results.items() if v}
+    n_pass = len(results) - len(failed)
+    print(f"\nconformance: {n_pass} passed, {len(failed)} failed "
+          f"({100 * n_pass / len(results):.1f}% of {len(results)} node cases)")
+    unexpected = {k: v for k, v in failed.items() if k not in ex}
+    fixed = sorted(k for k in ex if k in results and not results[k])
+    assert not unexpected, "cases that should pass fail:\n" + "\n".join(f"{k}: {v}" for k, v in sorted(unexpected.items()))
+    assert not fixed, "cases listed in excluded.txt now pass; remove them: " + ", ".join(fixed)
+    unknown = sorted(k for k in ex if k not in results)
+    assert not unknown, "excluded.txt names cases the suite does not have: " + ", ".join(unknown)
