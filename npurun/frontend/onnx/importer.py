@@ -65,11 +65,12 @@ def _check_tensors(model: onnx.ModelProto, path) -> None:
                                  f"({n * itemsize} bytes) but holds {len(t.raw_data)} bytes")
 
 
-def _opset(model: onnx.ModelProto) -> int:
+def _opsets(model: onnx.ModelProto) -> dict[str, int]:
+    """Opset version per domain ("" stands for ai.onnx)."""
+    out = {"": 1}
     for o in model.opset_import:
-        if o.domain in _ONNX_DOMAINS:
-            return o.version
-    return 1
+        out["" if o.domain in _ONNX_DOMAINS else o.domain] = o.version
+    return out
 
 
 def _symbol(param: str, table: dict) -> str:
@@ -161,7 +162,8 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, *, name: str | None
     if not isinstance(model, onnx.ModelProto):
         where = str(model)
         model = load_onnx(model)
-    opset = _opset(model)
+    opsets = _opsets(model)
+    opset = opsets[""]
     og = model.graph
     g = Graph(name=re.sub(r"[^A-Za-z0-9_.\-/]", "_", name or og.name or "main") or "main", source=where)
 
@@ -180,22 +182,26 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, *, name: str | None
 
     nodes = _topological(list(og.node), set(g.values), where)
     problems: dict = defaultdict(list)
+    def converter_of(n):
+        domain = "" if n.domain in _ONNX_DOMAINS else n.domain
+        return find(n.op_type, opsets.get(domain, 1), domain), domain
+
     for n in nodes:
-        if n.domain not in _ONNX_DOMAINS:
-            domain_opset = next((o.version for o in model.opset_import if o.domain == n.domain), 1)
-            problems[(n.op_type, n.domain, domain_opset, "no converter for this domain")].append(n.name or n.op_type)
-        elif find(n.op_type, opset) is None:
-            problems[(n.op_type, "", opset, "no converter")].append(n.name or n.op_type)
+        fn, domain = converter_of(n)
+        if fn is None:
+            problems[(n.op_type, domain, opsets.get(domain, 1), "no converter")].append(n.name or n.op_type)
     if problems:
         _report_unsupported(where, problems)
 
     ctx = Ctx(g, opset)
     for n in nodes:
         ctx.node, ctx.attrs = n, _attrs(n)
+        fn, domain = converter_of(n)
+        ctx.opset = opsets.get(domain, 1)
         try:
-            find(n.op_type, opset)(ctx)
+            fn(ctx)
         except ConvertError as e:
-            problems[(n.op_type, "", opset, str(e))].append(n.name or n.op_type)
+            problems[(n.op_type, domain, ctx.opset, str(e))].append(n.name or n.op_type)
         except VerifyError as e:
             raise ModelError(f"{where}: {e}") from None
         except KeyError as e:

@@ -25,5 +25,6 @@ def _like(x, y):
 
 
 
-# Families register their kernels on import.
-from . import elementwise, nn, shape  # noqa: E402,F401  (registration)
+from ....ir.ops import _register_families  # noqa: E402
+
+_register_families(__name__, __path__)
