@@ -70,6 +70,9 @@ def run_case(case: Case, device: str = "reference") -> str | None:
             init = {i.name for i in case.model.graph.initializer}
             in_names = [i.name for i in case.model.graph.input if i.name not in init]
             for inputs, expected in case.data_sets:
+                # NumPy scalars are 0-d tensors; lists, dicts and None are sequences, maps, optionals.
+                inputs = [np.asarray(a) if isinstance(a, np.generic) else a for a in inputs]
+                expected = [np.asarray(a) if isinstance(a, np.generic) else a for a in expected]
                 if any(not isinstance(a, np.ndarray) for a in list(inputs) + list(expected)):
                     return "sequence/optional/map values are not supported"
                 outs = exe.run_sync(graph, dict(zip(in_names, inputs)))

@@ -44,6 +44,9 @@ def Dropout(ctx: Ctx):
     """Inference: Dropout is the identity (its mask output is not supported)."""
     if len([o for o in ctx.node.output if o]) > 1:
         raise ConvertError("Dropout's mask output is not supported")
+    training = ctx.const_input(2) if ctx.input(2) else None
+    if ctx.input(2) and (training is None or bool(training)):
+        raise ConvertError("training-mode Dropout (random masks) is not supported")
     ctx.emit("identity", [ctx.input(0)], [ctx.output(0)])
 
 
