@@ -24,15 +24,15 @@ def test_all_unsupported_ops_reported_at_once():
                 helper.make_node("NoSuchOp", ["a"], ["b"], name="n1"),
                 helper.make_node("NoSuchOp", ["b"], ["c"], name="n2"),
                 helper.make_node("FusedGemm", ["c"], ["d"], name="ms1", domain="com.microsoft"),
-                helper.make_node("Hardmax", ["d"], ["y"], name="hm")],
-               [X], [Y], domains=["com.microsoft"])
+                helper.make_node("TreeEnsemble", ["d"], ["y"], name="hm", domain="ai.onnx.ml")],
+               [X], [Y], domains=["com.microsoft", "ai.onnx.ml"])
     with pytest.raises(ModelError) as e:
         import_model(m)
     msg = str(e.value)
     assert "3 unsupported op kind(s)" in msg
     assert "NoSuchOp (domain ai.onnx, opset 17) x2" in msg and "n1, n2" in msg
     assert "FusedGemm (domain com.microsoft, opset 1) x1" in msg and "ms1" in msg
-    assert "Hardmax" in msg and "[nodes: hm]" in msg
+    assert "TreeEnsemble (domain ai.onnx.ml, opset 1) x1" in msg and "[nodes: hm]" in msg
 
 
 def test_declared_output_shapes_are_hints_not_truth(rng):

@@ -3,6 +3,11 @@
 Nodes refer to values by name; the graph owns the values. A value with `data` is a constant
 (a weight); all others are computed at run time or fed as graph inputs. An empty string in a
 node's inputs marks an optional operand that is absent.
+
+Most values are tensors. A value's `kind` may also be `seq` (a sequence of tensors whose
+element type `shape`/`dtype` describe), `opt` (an optional tensor) or `opt seq`. Control-flow
+nodes (`if`, `loop`, `scan`) own *regions*: subgraphs that read the enclosing graph's values by
+name (captures) besides their own inputs.
 """
 from __future__ import annotations
 
@@ -22,6 +27,9 @@ def register_memory_space(name: str, description: str) -> None:
     MEMORY_SPACES[name] = description
 
 
+KINDS = ("tensor", "seq", "opt", "opt seq")
+
+
 @dataclass(eq=False)
 class Value:
     name: str
@@ -29,6 +37,7 @@ class Value:
     dtype: str
     space: str = DEFAULT_SPACE
     data: np.ndarray | None = None  # set for constants (weights)
+    kind: str = "tensor"  # one of KINDS; shape and dtype are the (element) tensor's
 
     @property
     def is_const(self) -> bool:
@@ -40,11 +49,12 @@ class Value:
         return None if n is None else n * to_numpy(self.dtype).itemsize
 
     def type_str(self) -> str:
-        return f"{format_shape(self.shape)} {self.dtype} {self.space}"
+        kind = "" if self.kind == "tensor" else self.kind + " "
+        return f"{kind}{format_shape(self.shape)} {self.dtype} {self.space}"
 
     def same_as(self, other: Value) -> bool:
-        if (self.name, tuple(self.shape), self.dtype, self.space) != (
-            other.name, tuple(other.shape), other.dtype, other.space):
+        if (self.name, tuple(self.shape), self.dtype, self.space, self.kind) != (
+            other.name, tuple(other.shape), other.dtype, other.space, other.kind):
             return False
         if (self.data is None) != (other.data is None):
             return False
@@ -61,6 +71,7 @@ class Node:
     hints: dict = field(default_factory=dict)  # schedule hints: pipeline=3 burst=256 ...
     name: str = ""
     precision: str | None = None  # from the op name's suffix: matmul_f16 -> "f16"
+    regions: dict = field(default_factory=dict)  # attribute name -> Graph (control flow)
 
     @property
     def full_op(self) -> str:
@@ -71,7 +82,7 @@ class Node:
 
     def key(self):
         return (self.op, self.precision, self.name, list(self.inputs), list(self.outputs),
-                self.attrs, self.hints)
+                self.attrs, self.hints, self.regions)
 
 
 @dataclass(eq=False)
@@ -105,6 +116,24 @@ class Graph:
 
     def constants(self) -> list[Value]:
         return [v for v in self.values.values() if v.is_const]
+
+    def captures(self) -> list[str]:
+        """Names this graph (a region) reads from its enclosing graphs: used here or in nested
+        regions, but neither its inputs, its constants, nor produced by its nodes."""
+        own = set(self.inputs) | {v.name for v in self.constants()} | {o for n in self.nodes for o in n.outputs}
+        seen: dict[str, None] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i and i not in own:
+                    seen[i] = None
+            for r in n.regions.values():
+                for i in r.captures():
+                    if i not in own:
+                        seen[i] = None
+        for o in self.outputs:
+            if o not in own:
+                seen[o] = None
+        return list(seen)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Graph):

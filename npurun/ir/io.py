@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..util import atomic_write
-from .text import INLINE_LIMIT, parse, print_graph, weights_file_of
+from .text import INLINE_LIMIT, constants, parse, print_graph, weights_file_of
 
 
 def weights_path_for(path: Path) -> Path:
@@ -24,15 +24,26 @@ def weights_path_for(path: Path) -> Path:
 def save(g, path: str | os.PathLike) -> Path:
     """Write `g` to PATH (.npuir) and its large constants to PATH's .weights.npz."""
     path = Path(path)
-    big = {v.name: v.data for v in g.constants() if v.data.size > INLINE_LIMIT}
+    big = {key: v.data for key, v in constants(g) if v.data.size > INLINE_LIMIT}
     wfile = weights_path_for(path) if big else None
     if big:
         buf = io.BytesIO()
-        # bf16 has no portable npy encoding: store its raw 16-bit words; the text has the type.
-        np.savez(buf, **{k: (a.view(np.uint16) if a.dtype.name == "bfloat16" else a) for k, a in big.items()})
+        np.savez(buf, **{k: _storable(a) for k, a in big.items()})
         atomic_write(wfile, buf.getvalue())
     atomic_write(path, print_graph(g, weights_file=wfile.name if wfile else None).encode())
     return path
+
+
+def _storable(a: np.ndarray) -> np.ndarray:
+    """The array as the .npz holds it. The ml_dtypes types (bf16, 8- and 4-bit floats, 4- and
+    2-bit integers) have no portable npy encoding: store their raw bytes as unsigned words of
+    the same width; the text has the type. Strings are stored as a NumPy unicode array (object
+    arrays would need pickle; NumPy drops trailing NUL characters of such strings)."""
+    if a.dtype == object or a.dtype.kind in "US":
+        return np.array([str(s) for s in a.flat], dtype=str).reshape(a.shape)
+    if a.dtype.isbuiltin == 2:  # a user-defined (ml_dtypes) type
+        return a.view(np.dtype(f"u{a.dtype.itemsize}"))
+    return a
 
 
 def load_npuir(path: str | os.PathLike):

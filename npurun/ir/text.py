@@ -30,8 +30,8 @@ import re
 import numpy as np
 
 from ..errors import ParseError
-from .dtypes import DTYPES, to_numpy
-from .graph import DEFAULT_SPACE, Graph, Node, Value
+from .dtypes import DTYPES, FLOAT_TYPES, SMALL_FLOAT_TYPES, to_numpy
+from .graph import DEFAULT_SPACE, KINDS, Graph, Node, Value
 from .ops import HINT_KEYS, OPS, split_precision
 from .shapes import is_valid_dim
 
@@ -69,18 +69,36 @@ def _operand(g: Graph, name: str) -> str:
     return "_" if not name else f"{_name(name)}: {g.values[name].type_str()}"
 
 
+def region_key(path: tuple, name: str) -> str:
+    """Key of a constant in the weights file: its name, prefixed by the regions it sits in
+    (`3.body::w` is constant `w` of the `body` region of node 3)."""
+    return "::".join(path + (name,))
+
+
+def constants(g: Graph, path: tuple = ()):
+    """(weights-file key, Value) of every constant, regions included."""
+    for v in g.constants():
+        yield region_key(path, v.name), v
+    for i, n in enumerate(g.nodes):
+        for k, r in n.regions.items():
+            yield from constants(r, path + (f"{i}.{k}",))
+
+
 def print_graph(g: Graph, weights_file: str | None = None) -> str:
     """The graph as .npuir text. Large constants are named, not written; see `save`."""
     head = f"graph {_name(g.name)}"
     if weights_file:
         head += f" weights={json.dumps(weights_file)}"
-    lines = [f"npuir {VERSION}", head]
-    lines += [f"input {_operand(g, n)}" for n in g.inputs]
+    return "\n".join([f"npuir {VERSION}", head] + _body(g, "")) + "\n"
+
+
+def _body(g: Graph, pad: str) -> list[str]:
+    """Statements of a graph after its header, each line indented by `pad`."""
+    lines = [f"input {_operand(g, n)}" for n in g.inputs]
     for v in g.constants():
         line = f"const {_operand(g, v.name)}"
         if v.data.size <= INLINE_LIMIT:
-            line += " = " + _attr([x.item() if v.dtype in ("i64", "u64") else x for x in
-                                   v.data.reshape(-1).tolist()])
+            line += " = " + _attr(v.data.reshape(-1).tolist())
         lines.append(line)
     for n in g.nodes:
         s = f"op {n.full_op}" + (f" @{_name(n.name)}" if n.name else "")
@@ -89,9 +107,13 @@ def print_graph(g: Graph, weights_file: str | None = None) -> str:
         s += f" ({ins} -> {outs})" if ins else f" (-> {outs})"
         for k, v in list(n.attrs.items()) + list(n.hints.items()):
             s += f" {k}={_attr(v)}"
+        for k, r in n.regions.items():  # a region is a block: its own statements, indented
+            lines.append(s + f" {k}={{")
+            lines += [f"  graph {_name(r.name)}"] + ["  " + ln for ln in _body(r, "")]
+            s = "}"
         lines.append(s)
     lines += [f"output {_operand(g, n)}" for n in g.outputs]
-    return "\n".join(lines) + "\n"
+    return [pad + ln for ln in lines]
 
 
 # ------------------------------------------------------------------ parsing
@@ -103,7 +125,7 @@ _TOKEN = re.compile(r"""
   | (?P<num>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\.\d+(?:[eE][-+]?\d+)?|\d+)(?![A-Za-z_]))
   | (?P<arrow>->)
   | (?P<name>[A-Za-z_][A-Za-z0-9_.\-/]*)
-  | (?P<punct>[\[\](),:=@*+?-])
+  | (?P<punct>[\[\](){},:=@*+?-])
 """, re.VERBOSE)
 
 
@@ -125,14 +147,15 @@ def _tokenize(text: str, file: str) -> list[_Tok]:
         kind, s = m.lastgroup, m.group()
         col = pos - line_start + 1
         if kind == "nl":
-            if not opened:  # newlines inside ( ) or [ ] continue the statement
+            # Newlines inside ( ) or [ ] continue a statement; inside { } they separate them.
+            if not opened or opened[-1].text == "{":
                 toks.append(_Tok("nl", s, line, col))
             line, line_start = line + 1, m.end()
         elif kind != "ws":
             tok = _Tok(kind, s, line, col)
-            if kind == "punct" and s in "([":
+            if kind == "punct" and s in "([{":
                 opened.append(tok)
-            elif kind == "punct" and s in ")]" and opened:
+            elif kind == "punct" and s in ")]}" and opened:
                 opened.pop()
             toks.append(tok)
         pos = m.end()
@@ -155,6 +178,7 @@ class _Parser:
         self.declared_outputs: list[str] | None = None
         self.where: dict[str, _Tok] = {}  # first mention of each value, for error positions
         self.weights_file: str | None = None
+        self.path: tuple = ()  # the regions being parsed, for weights-file keys
 
     # --- token helpers
     def peek(self) -> _Tok:
@@ -192,11 +216,18 @@ class _Parser:
 
     # --- grammar
     def parse(self) -> Graph:
+        self.statements()
+        return self.finish()
+
+    def statements(self, block: bool = False) -> None:
+        """Statements up to the end of the text, or of a region's `{ }` block."""
         while self.peek().kind != "eof":
             t = self.peek()
             if t.kind == "nl":
                 self.next()
                 continue
+            if block and t.text == "}":
+                return
             kw = self.next()
             handler = {"npuir": self.p_version, "graph": self.p_graph, "input": self.p_input,
                        "output": self.p_output, "const": self.p_const, "op": self.p_op}.get(kw.text)
@@ -204,9 +235,24 @@ class _Parser:
                 self.error(f"expected a statement (npuir, graph, input, const, op, output), "
                            f"found {kw.text!r}", kw)
             handler(kw)
-            if self.peek().kind != "nl":
+            if self.peek().kind != "nl" and not (block and self.peek().text == "}"):
                 self.error(f"unexpected {self.peek().text!r} at end of statement")
-        return self.finish()
+        if block:
+            self.error("a region's '{' is never closed")
+
+    def p_region(self, key: str, node_index: int) -> Graph:
+        """A region block: a graph of its own whose inputs and outputs are exactly the declared
+        ones; any other value it reads comes from the graphs around it."""
+        saved = (self.g, self.declared_inputs, self.declared_outputs, self.where, self.path)
+        self.g = Graph(name=key, source=self.file)
+        self.declared_inputs, self.declared_outputs, self.where = [], [], {}
+        self.path = self.path + (f"{node_index}.{key}",)
+        self.statements(block=True)
+        self.expect("}")
+        region = self.g
+        region.inputs, region.outputs = self.declared_inputs, self.declared_outputs
+        self.g, self.declared_inputs, self.declared_outputs, self.where, self.path = saved
+        return region
 
     def p_version(self, kw):
         t = self.next()
@@ -224,6 +270,12 @@ class _Parser:
             self.weights_file = json.loads(val.text)
 
     def p_type(self, name_tok: _Tok):
+        kind = []
+        while self.peek().kind == "name" and self.peek().text in ("opt", "seq") and len(kind) < 2:
+            kind.append(self.next().text)
+        kind = " ".join(kind) or "tensor"
+        if kind not in KINDS:
+            self.error(f"bad value kind {kind!r}; expected opt, seq or opt seq before the shape")
         self.expect("[")
         shape = []
         while not self.accept("]"):
@@ -246,20 +298,20 @@ class _Parser:
         space = DEFAULT_SPACE
         if self.peek().kind == "name" and self.peek().text.isupper():
             space = self.next().text
-        return tuple(shape), t.text, space
+        return tuple(shape), t.text, space, kind
 
     def typed_value(self, allow_untyped: bool = True) -> str:
         tok = self.peek()
         nm = self.name("a value name")
         if self.accept(":"):
-            shape, dtype, space = self.p_type(tok)
+            shape, dtype, space, kind = self.p_type(tok)
             old = self.g.values.get(nm)
             if old is None:
-                self.g.values[nm] = Value(nm, shape, dtype, space)
+                self.g.values[nm] = Value(nm, shape, dtype, space, kind=kind)
                 self.where[nm] = tok
-            elif (old.shape, old.dtype, old.space) != (shape, dtype, space):
+            elif (old.shape, old.dtype, old.space, old.kind) != (shape, dtype, space, kind):
                 self.error(f"value {nm!r} has type {old.type_str()} at line "
-                           f"{self.where[nm].line} but {Value(nm, shape, dtype, space).type_str()} here", tok)
+                           f"{self.where[nm].line} but {Value(nm, shape, dtype, space, kind=kind).type_str()} here", tok)
         elif nm not in self.g.values:
             self.error(f"value {nm!r} needs a type ([shape] dtype space) at its first mention", tok)
         return nm
@@ -283,16 +335,21 @@ class _Parser:
             if len(vals) != math.prod(v.shape):
                 self.error(f"constant {nm!r} has {len(vals)} values, its shape "
                            f"{list(v.shape)} needs {math.prod(v.shape)}", lit)
-            v.data = np.array(vals, dtype=np.float64 if v.dtype in ("f16", "bf16") else None) \
-                .astype(to_numpy(v.dtype)).reshape(v.shape)
+            try:
+                v.data = _literal_array(vals, v.dtype).reshape(v.shape)
+            except (ValueError, TypeError, OverflowError) as e:
+                self.error(f"constant {nm!r}: its values are not {v.dtype} values ({e})", lit)
         else:
-            if self.weights is None or nm not in self.weights:
+            key = region_key(self.path, nm)
+            if self.weights is None or key not in self.weights:
                 src = self.weights_file or "the weights file"
                 self.error(f"constant {nm!r} has no inline value and is missing from {src}", tok)
-            arr = np.asarray(self.weights[nm])
+            arr = np.asarray(self.weights[key])
             want = to_numpy(v.dtype)
-            if arr.dtype != want and arr.dtype.itemsize == want.itemsize:
-                arr = arr.view(want)  # bf16 is stored as raw 16-bit words
+            if want == object and arr.dtype.kind == "U":
+                arr = arr.astype(object)  # strings are stored as a NumPy unicode array
+            elif want.isbuiltin == 2 and arr.dtype.kind == "u" and arr.dtype.itemsize == want.itemsize:
+                arr = arr.view(want)  # bf16, f8*, i4, ... are stored as raw unsigned words
             if arr.dtype != want or arr.shape != v.shape:
                 self.error(f"constant {nm!r}: weights file holds {arr.dtype} {list(arr.shape)}, "
                            f"text says {v.dtype} {list(v.shape)}", tok)
@@ -351,6 +408,10 @@ class _Parser:
         while self.peek().kind == "name":
             key = self.next()
             self.expect("=")
+            if key.text in d.regions:
+                self.expect("{")
+                node.regions[key.text] = self.p_region(key.text, len(self.g.nodes))
+                continue
             val = self.literal(self.next())
             if key.text in d.attrs:
                 node.attrs[key.text] = val
@@ -371,6 +432,20 @@ class _Parser:
         g.outputs = self.declared_outputs if self.declared_outputs is not None else [
             nm for nm in g.values if nm in produced and nm not in used]
         return g
+
+
+def _literal_array(vals: list, dtype: str) -> np.ndarray:
+    """Inline constant values (flat) as an array of `dtype`."""
+    want = to_numpy(dtype)
+    if want == object:
+        if not all(isinstance(x, str) for x in vals):
+            raise ValueError("a str constant takes string values")
+        out = np.empty(len(vals), dtype=object)
+        out[:] = vals
+        return out
+    # Low-precision floats come from exact float64 values; integers straight from Python ints.
+    floaty = dtype in FLOAT_TYPES or dtype in SMALL_FLOAT_TYPES
+    return np.array(vals, dtype=np.float64 if floaty else None).astype(want)
 
 
 def parse(text: str, *, file: str = "<text>", weights: dict | None = None) -> Graph:

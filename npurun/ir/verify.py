@@ -15,9 +15,10 @@ def _dims_conflict(a, b) -> bool:
     return isinstance(a, int) and isinstance(b, int) or isinstance(a, str) and isinstance(b, str)
 
 
-def verify(g: Graph, *, where: str = "") -> Graph:
-    """Raise VerifyError on the first broken invariant; return the graph unchanged otherwise."""
-    pre = f"{g.source}: " + (f"after {where}: " if where else "")
+def verify(g: Graph, *, where: str = "", outer: frozenset = frozenset(), scope: str = "") -> Graph:
+    """Raise VerifyError on the first broken invariant; return the graph unchanged otherwise.
+    `outer` holds the names a region may read from its enclosing graphs."""
+    pre = f"{g.source}: " + (f"after {where}: " if where else "") + (f"in {scope}: " if scope else "")
 
     def fail(msg):
         raise VerifyError(pre + msg)
@@ -34,7 +35,7 @@ def verify(g: Graph, *, where: str = "") -> Graph:
     for nm in g.inputs:
         if nm not in g.values:
             fail(f"graph input {nm!r} is not a declared value")
-    defined = set(g.inputs) | {v.name for v in g.constants()}
+    defined = set(g.inputs) | {v.name for v in g.constants()} | set(outer)
     for n in g.nodes:
         d = OPS.get(n.op)
         if d is None:
@@ -49,6 +50,12 @@ def verify(g: Graph, *, where: str = "") -> Graph:
         for k in n.attrs:
             if k not in d.attrs:
                 fail(f"{n.label()}: unknown attribute {k!r}; {n.op} takes {', '.join(d.attrs) or 'none'}")
+        if set(n.regions) != set(d.regions):
+            fail(f"{n.label()}: has regions {sorted(n.regions)}, {n.op} takes {list(d.regions)}")
+        for rname, region in n.regions.items():
+            region.source = g.source
+            verify(region, where=where, outer=frozenset(defined),
+                   scope=(scope + " > " if scope else "") + f"{n.label()} {rname}")
         for i, nm in enumerate(n.inputs):
             if not nm:
                 if i < lo:
@@ -70,8 +77,10 @@ def verify(g: Graph, *, where: str = "") -> Graph:
             fail(str(e))
         if len(inferred) != len(n.outputs):
             fail(f"{n.label()}: produces {len(inferred)} outputs, {len(n.outputs)} declared")
-        for nm, (shape, dtype) in zip(n.outputs, inferred):
+        for nm, (shape, dtype, kind) in zip(n.outputs, inferred):
             v = g.values[nm]
+            if v.kind != kind:
+                fail(f"{n.label()}: output {nm!r} declared {v.kind}, the op computes {kind}")
             if v.dtype != dtype:
                 fail(f"{n.label()}: output {nm!r} declared {v.dtype}, the op computes {dtype}")
             if len(v.shape) != len(shape) or any(_dims_conflict(a, b) for a, b in zip(v.shape, shape)):

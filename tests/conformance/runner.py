@@ -59,6 +59,26 @@ def all_cases() -> list[Case]:
         return disk_cases(os.path.join(os.path.dirname(base), "data", "node"))
 
 
+def compare(got, expected, case) -> str | None:
+    """None when `got` matches `expected` (a tensor, a list of them, or None)."""
+    if expected is None or got is None:
+        return None if got is expected else f"got {type(got).__name__}, expected {type(expected).__name__}"
+    if isinstance(expected, list):
+        if not isinstance(got, list) or len(got) != len(expected):
+            return f"got {type(got).__name__}, expected a sequence of {len(expected)}"
+        return next((p for p in (compare(g, e, case) for g, e in zip(got, expected)) if p), None)
+    got, expected = np.asarray(got), np.asarray(expected)
+    if got.dtype != expected.dtype:
+        return f"dtype {got.dtype}, expected {expected.dtype}"
+    if got.shape != expected.shape:
+        return f"shape {got.shape}, expected {expected.shape}"
+    if expected.dtype.kind in "fc":
+        np.testing.assert_allclose(got, expected, rtol=case.rtol, atol=case.atol)
+    else:
+        np.testing.assert_array_equal(got, expected)
+    return None
+
+
 def run_case(case: Case, device: str = "reference") -> str | None:
     """None when npurun matches the expected outputs, else a one-line reason."""
     import npurun
@@ -73,22 +93,16 @@ def run_case(case: Case, device: str = "reference") -> str | None:
                 # NumPy scalars are 0-d tensors; lists, dicts and None are sequences, maps, optionals.
                 inputs = [np.asarray(a) if isinstance(a, np.generic) else a for a in inputs]
                 expected = [np.asarray(a) if isinstance(a, np.generic) else a for a in expected]
-                if any(not isinstance(a, np.ndarray) for a in list(inputs) + list(expected)):
-                    return "sequence/optional/map values are not supported"
+                if any(isinstance(a, dict) for a in list(inputs) + list(expected)):
+                    return "maps are not supported"
                 outs = exe.run_sync(graph, dict(zip(in_names, inputs)))
                 got = [outs[n] for n in graph.outputs]
                 if len(got) != len(expected):
                     return f"{len(got)} outputs, expected {len(expected)}"
                 for g, e in zip(got, expected):
-                    g = np.asarray(g)
-                    if g.dtype != e.dtype:
-                        return f"dtype {g.dtype}, expected {e.dtype}"
-                    if g.shape != e.shape:
-                        return f"shape {g.shape}, expected {e.shape}"
-                    if e.dtype.kind in "fc":
-                        np.testing.assert_allclose(g, e, rtol=case.rtol, atol=case.atol)
-                    else:
-                        np.testing.assert_array_equal(g, e)
+                    problem = compare(g, e, case)
+                    if problem:
+                        return problem
     except AssertionError as e:
         return "wrong values: " + " ".join(str(e).split())[:200]
     except npurun.NpurunError as e:

@@ -39,3 +39,33 @@ def test_node_suite(results):
     assert not fixed, "cases listed in excluded.txt now pass; remove them: " + ", ".join(fixed)
     unknown = sorted(k for k in ex if k not in results)
     assert not unknown, "excluded.txt names cases the suite does not have: " + ", ".join(unknown)
+
+
+def test_every_imported_case_round_trips_through_npuir(tmp_path):
+    """print -> parse gives an equal graph, and printing it again gives the same text, for every
+    node-suite model npurun imports (control-flow regions, sequences and all element types)."""
+    import warnings
+
+    from npurun.errors import NpurunError
+    from npurun.frontend.onnx import import_model
+    from npurun.ir import print_graph, save, verify
+    from npurun.ir.io import load_npuir
+
+    from .runner import all_cases
+    checked = 0
+    for i, case in enumerate(all_cases()):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                g = import_model(case.model)
+        except NpurunError:
+            continue
+        path = save(g, tmp_path / f"m{i}.npuir")
+        g2 = load_npuir(path)
+        g2.source = g.source
+        assert g2 == g, case.name
+        assert print_graph(g2) == print_graph(g), case.name
+        verify(g2)
+        checked += 1
+    print(f"\nround trip: {checked} imported node-suite models")
+    assert checked > 500

@@ -18,6 +18,7 @@ class Ctx:
         self.node = None  # the onnx.NodeProto being converted
         self.attrs: dict = {}
         self._n = 0
+        self.region_of = None  # set by the importer: (GraphProto, input types, name) -> Graph
 
     # --- reading the ONNX node
     @property
@@ -52,17 +53,25 @@ class Ctx:
         self.graph.const(nm, np.asarray(array))
         return nm
 
+    def region(self, attr: str, input_types: list | None = None) -> Graph:
+        """The subgraph in attribute `attr`, converted; it may read this graph's values."""
+        return self.region_of(self.attrs[attr], input_types, f"{self.name or self.node.op_type}.{attr}")
+
+    def value(self, name: str) -> Value:
+        return self.graph.values[name]
+
     def emit(self, op: str, inputs: list[str], outputs: list[str] | None = None, n_out: int = 1,
-             **attrs) -> list[str]:
+             regions: dict | None = None, **attrs) -> list[str]:
         """Add one IR node; its output types come from npurun's own inference."""
         outputs = outputs or [self.fresh(op) for _ in range(n_out)]
         node = Node(op, list(inputs), list(outputs), {k: v for k, v in attrs.items() if v is not None},
                     name=self.name if not any(n.name == self.name for n in self.graph.nodes) or not self.name
                     else f"{self.name}#{len(self.graph.nodes)}")
+        node.regions = dict(regions or {})
         # Trailing absent optional operands carry no meaning: drop them.
         while node.inputs and not node.inputs[-1]:
             node.inputs.pop()
-        for nm, (shape, dtype) in zip(outputs, infer_node(node, self.graph.values)):
-            self.graph.add_value(Value(nm, tuple(shape), dtype))
+        for nm, (shape, dtype, kind) in zip(outputs, infer_node(node, self.graph.values)):
+            self.graph.add_value(Value(nm, tuple(shape), dtype, kind=kind))
         self.graph.nodes.append(node)
         return outputs

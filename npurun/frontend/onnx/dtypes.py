@@ -8,7 +8,11 @@ _TO_IR = {
     TensorProto.DOUBLE: "f64", TensorProto.INT8: "i8", TensorProto.UINT8: "u8",
     TensorProto.INT16: "i16", TensorProto.UINT16: "u16", TensorProto.INT32: "i32",
     TensorProto.UINT32: "u32", TensorProto.INT64: "i64", TensorProto.UINT64: "u64",
-    TensorProto.BOOL: "bool",
+    TensorProto.BOOL: "bool", TensorProto.STRING: "str",
+    TensorProto.FLOAT8E4M3FN: "f8e4m3fn", TensorProto.FLOAT8E4M3FNUZ: "f8e4m3fnuz",
+    TensorProto.FLOAT8E5M2: "f8e5m2", TensorProto.FLOAT8E5M2FNUZ: "f8e5m2fnuz",
+    TensorProto.FLOAT8E8M0: "f8e8m0", TensorProto.FLOAT4E2M1: "f4e2m1",
+    TensorProto.INT4: "i4", TensorProto.UINT4: "u4", TensorProto.INT2: "i2", TensorProto.UINT2: "u2",
 }
 TO_ONNX = {v: k for k, v in _TO_IR.items()}
 

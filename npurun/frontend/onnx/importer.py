@@ -80,13 +80,25 @@ def _symbol(param: str, table: dict) -> str:
     return table.setdefault(param, f"d{len(table)}")
 
 
-def _value_type(vi, where: str, syms: dict) -> tuple[tuple, str]:
-    tt = vi.type.tensor_type
-    if not vi.type.HasField("tensor_type"):
-        raise ModelError(f"{where}: input {vi.name!r} is not a tensor (sequences and maps are not supported)")
+def _value_type(vi, where: str, syms: dict, top: bool = True) -> tuple | None:
+    """(shape, dtype, kind) of a graph input; None when a subgraph leaves it untyped (the
+    control-flow converter then supplies it)."""
+    t, kind = vi.type, "tensor"
+    if t.HasField("optional_type"):
+        t, kind = t.optional_type.elem_type, "opt"
+    if t.HasField("sequence_type"):
+        t, kind = t.sequence_type.elem_type, ("opt seq" if kind == "opt" else "seq")
+    if not t.HasField("tensor_type"):
+        if t.WhichOneof("value") is None and not top:
+            return None
+        raise ModelError(f"{where}: input {vi.name!r} is a {t.WhichOneof('value') or 'value of no type'}; "
+                         f"tensors, sequences and optionals are supported")
+    tt = t.tensor_type
     dtype = ir_dtype(tt.elem_type, f"{where}: input {vi.name!r}")
     if not tt.HasField("shape"):
-        raise ModelError(f"{where}: input {vi.name!r} has no declared rank")
+        if top and kind == "tensor":
+            raise ModelError(f"{where}: input {vi.name!r} has no declared rank")
+        return (UNKNOWN,), dtype, kind
     shape = []
     for d in tt.shape.dim:
         if d.HasField("dim_value"):
@@ -97,7 +109,7 @@ def _value_type(vi, where: str, syms: dict) -> tuple[tuple, str]:
             shape.append(_symbol(d.dim_param, syms))
         else:
             shape.append(UNKNOWN)
-    return tuple(shape), dtype
+    return tuple(shape), dtype, kind
 
 
 def _topological(nodes, available: set, where: str):
@@ -156,75 +168,118 @@ def _report_unsupported(where: str, problems: dict) -> None:
     raise ModelError(f"{where}: {len(lines)} unsupported op kind(s): " + " | ".join(lines))
 
 
+def _subgraphs(node):
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+class _Importer:
+    """One model's conversion: the opsets it imports, where it came from, symbol names."""
+
+    def __init__(self, model: onnx.ModelProto, where: str):
+        self.model, self.where = model, where
+        self.opsets = _opsets(model)
+        self.syms: dict = {}
+
+    def converter_of(self, n):
+        domain = "" if n.domain in _ONNX_DOMAINS else n.domain
+        return find(n.op_type, self.opsets.get(domain, 1), domain), domain
+
+    def check_supported(self, og) -> None:
+        """Every node without a converter, subgraphs included, in one error."""
+        problems: dict = defaultdict(list)
+
+        def walk(graph):
+            for n in graph.node:
+                fn, domain = self.converter_of(n)
+                if fn is None:
+                    problems[(n.op_type, domain, self.opsets.get(domain, 1), "no converter")].append(n.name or n.op_type)
+                for sub in _subgraphs(n):
+                    walk(sub)
+        walk(og)
+        if problems:
+            _report_unsupported(self.where, problems)
+
+    def convert(self, og, name: str, outer: dict | None = None, input_types: list | None = None) -> Graph:
+        """One ONNX graph -> one IR graph. For a region, `outer` holds the enclosing graphs'
+        values (which it may read) and `input_types` the types its owner gives its inputs."""
+        where = self.where
+        g = Graph(name=re.sub(r"[^A-Za-z0-9_.\-/]", "_", name) or "main", source=where)
+        for t in og.initializer:
+            try:
+                g.const(t.name, numpy_helper.to_array(t))
+            except (ValueError, TypeError) as e:
+                raise ModelError(f"{where}: initializer {t.name!r} cannot be read ({e})") from None
+        for k, vi in enumerate(og.input):
+            if vi.name in g.values and outer is None:
+                continue  # old exporters list initializers among the inputs too
+            typ = _value_type(vi, where, self.syms, top=outer is None)
+            if (typ is None or typ[0] == (UNKNOWN,)) and input_types and k < len(input_types):
+                typ = input_types[k]
+            if typ is None:
+                raise ModelError(f"{where}: subgraph {name!r} input {vi.name!r} has no type")
+            g.add_value(Value(vi.name, typ[0], typ[1], kind=typ[2]))
+            g.inputs.append(vi.name)
+
+        outer = outer or {}
+        nodes = _topological(list(og.node), set(g.values) | set(outer), where)
+        ctx = Ctx(g, self.opsets[""])
+        ctx.region_of = lambda proto, types, nm: self.convert(proto, nm, {**outer, **g.values}, types)
+        problems: dict = defaultdict(list)
+        for n in nodes:
+            for i in n.input:  # a region reads enclosing values by name: declare them here
+                if i and i not in g.values and i in outer:
+                    v = outer[i]
+                    g.add_value(Value(v.name, v.shape, v.dtype, v.space, kind=v.kind))
+            ctx.node, ctx.attrs = n, _attrs(n)
+            fn, domain = self.converter_of(n)
+            ctx.opset = self.opsets.get(domain, 1)
+            try:
+                fn(ctx)
+            except ConvertError as e:
+                problems[(n.op_type, domain, ctx.opset, str(e))].append(n.name or n.op_type)
+            except VerifyError as e:
+                raise ModelError(f"{where}: {e}") from None
+            except KeyError as e:
+                raise ModelError(f"{where}: node {n.name or n.op_type!r} ({n.op_type}): missing "
+                                 f"attribute or input {e}") from None
+        if problems:
+            _report_unsupported(where, problems)
+
+        produced = {o for n in g.nodes for o in n.outputs}
+        for vi in og.output:
+            if vi.name not in g.values and vi.name in outer:
+                v = outer[vi.name]
+                g.add_value(Value(v.name, v.shape, v.dtype, v.space, kind=v.kind))
+            if vi.name not in g.values:
+                raise ModelError(f"{where}: graph output {vi.name!r} is never produced")
+            if vi.name not in produced:  # an input, a constant or a capture: copy it out
+                ctx.node, ctx.attrs = onnx.helper.make_node("Identity", [vi.name], [vi.name + "/out"]), {}
+                ctx.emit("identity", [vi.name], [vi.name + "/out"])
+                g.outputs.append(vi.name + "/out")
+            else:
+                g.outputs.append(vi.name)
+        _drop_unused(g)
+        return g
+
+
 def import_model(model: onnx.ModelProto | str | os.PathLike, *, name: str | None = None) -> Graph:
     """Convert an ONNX model (a ModelProto or a path) into a verified NPU-IR graph."""
     where = "<onnx model>"
     if not isinstance(model, onnx.ModelProto):
         where = str(model)
         model = load_onnx(model)
-    opsets = _opsets(model)
-    opset = opsets[""]
-    og = model.graph
-    g = Graph(name=re.sub(r"[^A-Za-z0-9_.\-/]", "_", name or og.name or "main") or "main", source=where)
-
-    for t in og.initializer:
-        try:
-            g.const(t.name, numpy_helper.to_array(t))
-        except (ValueError, TypeError) as e:
-            raise ModelError(f"{where}: initializer {t.name!r} cannot be read ({e})") from None
-    syms: dict = {}
-    for vi in og.input:
-        if vi.name in g.values:
-            continue  # old exporters list initializers among the inputs too
-        shape, dtype = _value_type(vi, where, syms)
-        g.add_value(Value(vi.name, shape, dtype))
-        g.inputs.append(vi.name)
-
-    nodes = _topological(list(og.node), set(g.values), where)
-    problems: dict = defaultdict(list)
-    def converter_of(n):
-        domain = "" if n.domain in _ONNX_DOMAINS else n.domain
-        return find(n.op_type, opsets.get(domain, 1), domain), domain
-
-    for n in nodes:
-        fn, domain = converter_of(n)
-        if fn is None:
-            problems[(n.op_type, domain, opsets.get(domain, 1), "no converter")].append(n.name or n.op_type)
-    if problems:
-        _report_unsupported(where, problems)
-
-    ctx = Ctx(g, opset)
-    for n in nodes:
-        ctx.node, ctx.attrs = n, _attrs(n)
-        fn, domain = converter_of(n)
-        ctx.opset = opsets.get(domain, 1)
-        try:
-            fn(ctx)
-        except ConvertError as e:
-            problems[(n.op_type, domain, ctx.opset, str(e))].append(n.name or n.op_type)
-        except VerifyError as e:
-            raise ModelError(f"{where}: {e}") from None
-        except KeyError as e:
-            raise ModelError(f"{where}: node {n.name or n.op_type!r} ({n.op_type}): missing "
-                             f"attribute or input {e}") from None
-    if problems:
-        _report_unsupported(where, problems)
-
-    for vi in og.output:
-        if vi.name not in g.values:
-            raise ModelError(f"{where}: graph output {vi.name!r} is never produced")
-        if vi.name in g.inputs or g.values[vi.name].is_const:
-            ctx.node, ctx.attrs = onnx.helper.make_node("Identity", [vi.name], [vi.name + "/out"]), {}
-            ctx.emit("identity", [vi.name], [vi.name + "/out"])
-            g.outputs.append(vi.name + "/out")
-        else:
-            g.outputs.append(vi.name)
-    _drop_unused(g)
-    return verify(g)
+    imp = _Importer(model, where)
+    imp.check_supported(model.graph)
+    return verify(imp.convert(model.graph, name or model.graph.name or "main"))
 
 
 def _drop_unused(g: Graph) -> None:
     """Constants no node reads (e.g. initializers listed but unused) are not part of the model."""
     used = {i for n in g.nodes for i in n.inputs} | set(g.outputs) | set(g.inputs)
+    used |= {c for n in g.nodes for r in n.regions.values() for c in r.captures()}
     for nm in [nm for nm, v in g.values.items() if v.is_const and nm not in used]:
         del g.values[nm]

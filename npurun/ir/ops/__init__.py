@@ -33,8 +33,9 @@ class OpDef:
     outputs: tuple[str, ...] = ("y",)
     attrs: dict = field(default_factory=dict)
     groups: frozenset = frozenset()
-    infer: Callable | None = None  # (node, attrs, [Value|None]) -> [(shape, dtype)]
+    infer: Callable | None = None  # (node, attrs, [Value|None]) -> [(shape, dtype[, kind])]
     macs: Callable | None = None  # (attrs, in_shapes, out_shapes) -> int
+    regions: tuple[str, ...] = ()  # attributes that hold subgraphs (control flow)
 
     @property
     def min_inputs(self) -> int:
@@ -51,10 +52,10 @@ class OpDef:
 OPS: dict[str, OpDef] = {}
 
 
-def op(name, inputs, outputs=("y",), attrs=None, groups=(), macs=None):
+def op(name, inputs, outputs=("y",), attrs=None, groups=(), macs=None, regions=()):
     def register(infer):
         OPS[name] = OpDef(name, tuple(inputs), tuple(outputs), dict(attrs or {}),
-                          frozenset(groups), infer, macs)
+                          frozenset(groups), infer, macs, tuple(regions))
         return infer
     return register
 
@@ -82,7 +83,7 @@ def _const_ints(v, node, role):
 
 def _same(node, a, ins):
     """Result has the first operand's type (unary math, normalization, ...)."""
-    return [(ins[0].shape, ins[0].dtype)]
+    return [(ins[0].shape, ins[0].dtype, ins[0].kind)]
 
 
 def _axis(a, rank, node):
@@ -108,14 +109,14 @@ FLOAT_ONLY = frozenset({"conv", "matmul", "gemm", "softmax", "log_softmax", "tan
 
 
 def infer_node(node, values: dict) -> list[tuple]:
-    """Shape/dtype inference for one node, given the graph's values by name."""
+    """Inference for one node, given the graph's values by name: [(shape, dtype, kind)]."""
     d = OPS.get(node.op)
     if d is None:
         raise VerifyError(f"{node.label()}: unknown op {node.op!r}")
     ins = [values[i] if i else None for i in node.inputs]
     if node.op in FLOAT_ONLY and ins[0] is not None and ins[0].dtype not in FLOAT_TYPES:
         _fail(node, f"operand {node.inputs[0]!r} has dtype {ins[0].dtype}; {node.op} expects a float type")
-    return d.infer(node, d.attrs_of(node), ins)
+    return [r if len(r) == 3 else (r[0], r[1], "tensor") for r in d.infer(node, d.attrs_of(node), ins)]
 
 
 def macs(node, in_shapes, out_shapes) -> int:

@@ -1,6 +1,7 @@
 """Elementwise ops: unary math and activations, binary arithmetic, comparisons, where, clip, cast."""
 from __future__ import annotations
 
+from ..dtypes import DTYPES
 from ..shapes import broadcast
 from . import REQUIRED, _fail, _same, op
 
@@ -25,8 +26,14 @@ def _clip(node, a, ins):
     return _same(node, a, ins)
 
 
-@op("cast", ["x"], attrs={"to": REQUIRED, "saturate": 1}, groups={"elementwise", "unary"})
+@op("cast", ["x"], attrs={"to": REQUIRED, "saturate": 1, "round_mode": "up"}, groups={"elementwise", "unary"})
 def _cast(node, a, ins):
+    # saturate: out-of-range floats clamp to the 8-bit float's largest finite value (else NaN/inf);
+    # round_mode (up, down, nearest) applies to casts to f8e8m0 only.
+    if a["to"] not in DTYPES:
+        _fail(node, f"cast to unknown dtype {a['to']!r}")
+    if a["round_mode"] not in ("up", "down", "nearest"):
+        _fail(node, f"round_mode {a['round_mode']!r}; expected up, down or nearest")
     return [(ins[0].shape, a["to"])]
 
 

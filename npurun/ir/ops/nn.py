@@ -102,10 +102,14 @@ def _bn(node, a, ins):
     return _same(node, a, ins)
 
 
-@op("layer_normalization", ["x", "scale", "bias?"], attrs={"axis": -1, "epsilon": 1e-5},
-    groups={"norm"})
+@op("layer_normalization", ["x", "scale", "bias?"], ["y", "mean?", "inv_std_dev?"],
+    attrs={"axis": -1, "epsilon": 1e-5, "stash_type": "f32"}, groups={"norm"})
 def _ln(node, a, ins):
-    return _same(node, a, ins)
+    # Mean and InvStdDev keep x's leading dims and 1 for each normalized one, in stash_type.
+    x = ins[0]
+    axis = _axis(a["axis"], len(x.shape), node)
+    stats = (tuple(x.shape[:axis]) + (1,) * (len(x.shape) - axis), a["stash_type"])
+    return [(x.shape, x.dtype), stats, stats][:len(node.outputs)]
 
 
 for _n in ("softmax", "log_softmax"):

@@ -186,23 +186,42 @@ def _s2d(node, a, ins):
 
 _RESIZE_ATTRS = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel",
                  "nearest_mode": "round_prefer_floor", "cubic_coeff_a": -0.75,
-                 "exclude_outside": 0, "extrapolation_value": 0.0}
+                 "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0, "axes": None,
+                 "keep_aspect_ratio_policy": "stretch"}
 
 
 @op("resize", ["x", "roi?", "scales?", "sizes?"], attrs=_RESIZE_ATTRS, groups={"resample"})
 def _resize(node, a, ins):
+    """scales / sizes cover `axes` (all axes when absent); other axes keep their size."""
     x = ins[0]
+    rank = len(x.shape)
+    axes = [_axis(i, rank, node) for i in a["axes"]] if a["axes"] else list(range(rank))
+    out = list(x.shape)
     sizes = _const_ints(ins[3] if len(ins) > 3 else None, node, "sizes")
-    if sizes:
-        return [(tuple(sizes), x.dtype)]
     scales = ins[2] if len(ins) > 2 else None
-    if scales is not None and scales.data is not None and scales.data.size:
-        out = []
-        for d, s in zip(x.shape, scales.data.reshape(-1).tolist()):
-            out.append(int(math.floor(d * s)) if isinstance(d, int) else
-                       (affine(d, mul=int(s)) if float(s).is_integer() else UNKNOWN))
-        return [(tuple(out), x.dtype)]
-    return [((UNKNOWN,) * len(x.shape), x.dtype)]
+    if sizes:
+        if len(sizes) != len(axes):
+            _fail(node, f"sizes has {len(sizes)} entries for {len(axes)} axes")
+        if a["keep_aspect_ratio_policy"] == "stretch":
+            for ax, s in zip(axes, sizes):
+                out[ax] = s
+        elif all(isinstance(x.shape[ax], int) for ax in axes):
+            ratios = [s / x.shape[ax] for ax, s in zip(axes, sizes)]
+            one = min(ratios) if a["keep_aspect_ratio_policy"] == "not_larger" else max(ratios)
+            for ax in axes:
+                out[ax] = int(math.floor(one * x.shape[ax] + 0.5))
+        else:
+            for ax in axes:
+                out[ax] = UNKNOWN
+    elif scales is not None and scales.data is not None and scales.data.size:
+        for ax, s in zip(axes, scales.data.reshape(-1).tolist()):
+            d = x.shape[ax]
+            out[ax] = int(math.floor(d * s)) if isinstance(d, int) else \
+                (affine(d, mul=int(s)) if float(s).is_integer() else UNKNOWN)
+    else:
+        for ax in axes:
+            out[ax] = UNKNOWN
+    return [(tuple(out), x.dtype)]
 
 
 @op("constant_of_shape", ["shape"], attrs={"value": 0.0, "dtype": "f32"})

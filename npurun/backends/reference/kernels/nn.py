@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ....ir.dtypes import to_numpy
 from . import KERNELS, _like, kernel
 
 
@@ -138,12 +139,15 @@ def batch_normalization(x, scale, bias, mean, var, *, epsilon):
 
 
 @kernel("layer_normalization")
-def layer_normalization(x, scale, bias=None, *, axis, epsilon):
+def layer_normalization(x, scale, bias=None, *, axis, epsilon, stash_type):
+    # Statistics and normalization run in stash_type precision; the normalized value goes
+    # back to x's type before scale and bias apply (the ONNX function body's order).
+    xs = x.astype(to_numpy(stash_type))
     axes = tuple(range(axis % x.ndim, x.ndim))
-    mean = x.mean(axis=axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    y = (x - mean) / np.sqrt(var + epsilon) * scale
-    return _like(x, y if bias is None else y + bias)
+    mean = xs.mean(axis=axes, keepdims=True)
+    inv_std = 1 / np.sqrt(((xs - mean) ** 2).mean(axis=axes, keepdims=True) + epsilon)
+    y = ((xs - mean) * inv_std).astype(x.dtype) * scale
+    return _like(x, y if bias is None else y + bias), mean, inv_std
 
 
 @kernel("softmax")

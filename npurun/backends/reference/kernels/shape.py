@@ -54,6 +54,7 @@ def unsqueeze(x, axes):
 
 @kernel("slice")
 def slice_(x, starts, ends, axes=None, steps=None):
+    starts, ends = np.ravel(starts), np.ravel(ends)
     axes = range(len(starts)) if axes is None else axes
     steps = [1] * len(starts) if steps is None else steps
     idx = [slice(None)] * x.ndim
@@ -125,7 +126,7 @@ def constant_of_shape(shape, *, value, dtype):
 
 # ---------------------------------------------------------------- resize
 
-def _source_coords(n_out, n_in, scale, mode):
+def _source_coords(n_out, n_in, scale, mode, roi):
     # ONNX maps through the unrounded resized length n_in * scale, not the integer n_out.
     i = np.arange(n_out, dtype=np.float64)
     if mode == "half_pixel":
@@ -141,54 +142,92 @@ def _source_coords(n_out, n_in, scale, mode):
     if mode == "half_pixel_symmetric":
         adj = n_out / (scale * n_in)
         return n_in / 2 * (1 - adj) + (i + 0.5) / scale - 0.5
+    if mode == "tf_crop_and_resize":
+        # roi = (start, end) in normalized input coordinates; n_out points span it evenly.
+        start, end = roi
+        if n_out == 1:
+            return np.full(1, (end - start) * (n_in - 1) / 2 + start * (n_in - 1))
+        return start * (n_in - 1) + i * (end - start) * (n_in - 1) / (n_out - 1)
     raise ValueError(f"coordinate_transformation_mode {mode!r} is not supported")
 
 
-def _cubic_weights(t, a):
-    t = t[:, None] + np.array([1.0, 0.0, -1.0, -2.0])  # distances to the 4 taps
-    d = np.abs(t)
+def _cubic_kernel(d, a):
+    """Keys' cubic convolution kernel with coefficient a, at distances d."""
+    d = np.abs(d)
     return np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
                     np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
 
 
-def _resize_axis(x, axis, n_out, scale, a):
+def _filter_taps(src, n_in, scale, a):
+    """Input indices and weights, both (n_out, taps), of linear or cubic interpolation at the
+    source coordinates `src`. With antialias, a downscale (scale < 1) stretches the filter by
+    1 / scale so each output averages all the inputs it covers; weights then sum to 1. Taps
+    outside the input read the edge, or are dropped with exclude_outside."""
+    support = 2.0 if a["mode"] == "cubic" else 1.0
+    stretch = 1.0 / scale if a["antialias"] and scale < 1 else 1.0
+    reach = math.ceil(support * stretch)
+    base = np.floor(src).astype(np.int64)
+    idx = base[:, None] + np.arange(1 - reach, reach + 1)  # every tap within the support
+    d = (idx - src[:, None]) / stretch
+    w = _cubic_kernel(d, a["cubic_coeff_a"]) if a["mode"] == "cubic" else np.maximum(0.0, 1 - np.abs(d))
+    if a["antialias"]:
+        w = w / w.sum(axis=1, keepdims=True)
+    if a["exclude_outside"]:
+        w = np.where((idx < 0) | (idx >= n_in), 0.0, w)
+        w = w / w.sum(axis=1, keepdims=True)
+    return np.clip(idx, 0, n_in - 1), w
+
+
+def _resize_axis(x, axis, n_out, scale, roi, a):
     n_in = x.shape[axis]
-    src = _source_coords(n_out, n_in, scale, a["coordinate_transformation_mode"])
+    ctm = a["coordinate_transformation_mode"]
+    src = _source_coords(n_out, n_in, scale, ctm, roi)
     mode = a["mode"]
     if mode == "nearest":
         rnd = {"round_prefer_floor": lambda v: np.ceil(v - 0.5), "round_prefer_ceil": lambda v: np.floor(v + 0.5),
                "floor": np.floor, "ceil": np.ceil}[a["nearest_mode"]]
         idx = np.clip(rnd(src), 0, n_in - 1).astype(np.int64)
-        return np.take(x, idx, axis=axis)
-    xt = np.moveaxis(x, axis, -1).astype(np.float64)
-    if mode == "linear":
-        s = np.clip(src, 0, n_in - 1)
-        i0 = np.floor(s).astype(np.int64)
-        i1 = np.minimum(i0 + 1, n_in - 1)
-        w = s - i0
-        y = xt[..., i0] * (1 - w) + xt[..., i1] * w
-    elif mode == "cubic":
-        base = np.floor(src).astype(np.int64)
-        idx = base[:, None] + np.arange(-1, 3)
-        w = _cubic_weights(src - base, a["cubic_coeff_a"])
-        if a["exclude_outside"]:
-            w = np.where((idx < 0) | (idx >= n_in), 0.0, w)
-            w = w / w.sum(axis=1, keepdims=True)
-        y = (xt[..., np.clip(idx, 0, n_in - 1)] * w).sum(axis=-1)
+        y = np.take(x, idx, axis=axis)
+    elif mode in ("linear", "cubic"):
+        idx, w = _filter_taps(src, n_in, scale, a)
+        xt = np.moveaxis(x, axis, -1).astype(np.float64)
+        y = np.moveaxis((xt[..., idx] * w).sum(axis=-1), -1, axis).astype(x.dtype)
     else:
         raise ValueError(f"resize mode {mode!r} is not supported")
-    return np.moveaxis(y, -1, axis).astype(x.dtype)
+    if ctm == "tf_crop_and_resize":  # points outside the input take the extrapolation value
+        outside = (src < 0) | (src > n_in - 1)
+        shape = [1] * x.ndim
+        shape[axis] = n_out
+        y = np.where(outside.reshape(shape), np.asarray(a["extrapolation_value"], x.dtype), y)
+    return y
+
+
+def resize_plan(in_shape, scales, sizes, axes, policy):
+    """[(axis, output length, scale)] for the resized axes. keep_aspect_ratio_policy
+    not_larger / not_smaller replaces per-axis sizes by one scale (the smallest / largest
+    ratio) and rounds each output length from it."""
+    rank = len(in_shape)
+    axes = [ax % rank for ax in axes] if axes else list(range(rank))
+    if sizes is not None:
+        sizes = [int(s) for s in sizes]
+        ratios = [s / in_shape[ax] for ax, s in zip(axes, sizes)]
+        if policy in ("not_larger", "not_smaller"):
+            one = min(ratios) if policy == "not_larger" else max(ratios)
+            ratios = [one] * len(axes)
+            sizes = [int(math.floor(one * in_shape[ax] + 0.5)) for ax in axes]
+        return list(zip(axes, sizes, ratios))
+    return [(ax, int(math.floor(in_shape[ax] * float(s))), float(s)) for ax, s in zip(axes, scales)]
 
 
 @kernel("resize")
 def resize(x, roi=None, scales=None, sizes=None, **a):
-    if sizes is not None and sizes.size:
-        out = [int(s) for s in sizes]
-        sc = [o / i for o, i in zip(out, x.shape)]
-    else:
-        sc = [float(s) for s in scales]
-        out = [int(math.floor(d * s)) for d, s in zip(x.shape, sc)]
-    for axis, (n_out, s) in enumerate(zip(out, sc)):
-        if n_out != x.shape[axis] or s != 1.0:
-            x = _resize_axis(x, axis, n_out, s, a)
+    given = sizes if sizes is not None and sizes.size else None
+    plan = resize_plan(x.shape, None if given is not None else scales, given, a["axes"],
+                       a["keep_aspect_ratio_policy"])
+    # roi lists the starts of the resized axes (in `axes` order), then their ends.
+    bounds = roi.astype(np.float64).reshape(2, -1).T if roi is not None and roi.size else None
+    for k, (axis, n_out, s) in enumerate(plan):
+        if n_out != x.shape[axis] or s != 1.0 or a["coordinate_transformation_mode"] == "tf_crop_and_resize":
+            r = bounds[k] if bounds is not None else (0.0, 1.0)
+            x = _resize_axis(x, axis, n_out, s, r, a)
     return x

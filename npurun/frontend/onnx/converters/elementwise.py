@@ -67,7 +67,22 @@ def Clip_11(ctx: Ctx):
 @converter("Cast")
 def Cast(ctx: Ctx):
     to = ctx.attrs["to"]
-    ctx.emit("cast", [ctx.input(0)], [ctx.output(0)], to=ir_dtype(to, ctx.name))
+    if isinstance(to, str):  # opset < 6 names the type ("FLOAT")
+        from onnx import TensorProto
+        to = TensorProto.DataType.Value(to.upper())
+    ctx.emit("cast", [ctx.input(0)], [ctx.output(0)], to=ir_dtype(to, ctx.name), **_cast_attrs(ctx))
+
+
+@converter("CastLike")
+def CastLike(ctx: Ctx):
+    """Cast to the element type of the second operand (whose values are not read)."""
+    to = ctx.graph.values[ctx.input(1)].dtype
+    ctx.emit("cast", [ctx.input(0)], [ctx.output(0)], to=to, **_cast_attrs(ctx))
+
+
+def _cast_attrs(ctx: Ctx) -> dict:
+    """saturate (opset 19 on) and round_mode (opset 25 on), only where the node sets them."""
+    return {k: ctx.attrs[k] for k in ("saturate", "round_mode") if k in ctx.attrs}
 
 
 def _variadic(ir_op):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..context import ConvertError, Ctx
+from ..dtypes import ir_dtype
 from . import converter
 
 _WINDOW = ("strides", "pads", "dilations", "kernel_shape", "auto_pad", "ceil_mode")
@@ -43,10 +44,14 @@ def BatchNormalization(ctx: Ctx):
 
 @converter("LayerNormalization")
 def LayerNormalization(ctx: Ctx):
-    if len([o for o in ctx.node.output if o]) > 1:
-        raise ConvertError("the Mean/InvStdDev outputs are not supported")
-    ctx.emit("layer_normalization", ctx.inputs(), [ctx.output(0)],
-             axis=ctx.attrs.get("axis"), epsilon=ctx.attrs.get("epsilon"))
+    # Mean and InvStdDev are optional outputs; one skipped before a used one gets a fresh name.
+    outs = list(ctx.node.output)
+    while outs and not outs[-1]:
+        outs.pop()
+    stash = ctx.attrs.get("stash_type")
+    ctx.emit("layer_normalization", ctx.inputs(), [o or ctx.fresh("unused") for o in outs],
+             axis=ctx.attrs.get("axis"), epsilon=ctx.attrs.get("epsilon"),
+             stash_type=None if stash is None else ir_dtype(stash, ctx.name))
 
 
 @converter("MaxPool")

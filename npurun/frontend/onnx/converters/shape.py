@@ -167,7 +167,7 @@ def SpaceToDepth(ctx: Ctx):
 
 
 _RESIZE_KEYS = ("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a",
-                "exclude_outside", "extrapolation_value")
+                "exclude_outside", "extrapolation_value", "antialias", "axes", "keep_aspect_ratio_policy")
 
 
 @converter("Resize", since=10)
@@ -180,17 +180,27 @@ def Resize(ctx: Ctx):
 
 @converter("Resize", since=11)
 def Resize_11(ctx: Ctx):
+    """11 adds roi and sizes; 18 antialias, axes and keep_aspect_ratio_policy; 19
+    half_pixel_symmetric (all attributes the IR op takes as they are)."""
     a = ctx.attrs
-    if a.get("antialias", 0):
-        raise ConvertError("antialias=1 is not supported")
-    if "axes" in a or a.get("keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise ConvertError("axes / keep_aspect_ratio_policy are not supported")
-    if a.get("coordinate_transformation_mode") == "tf_crop_and_resize":
-        raise ConvertError("coordinate_transformation_mode=tf_crop_and_resize is not supported")
     ctx.emit("resize", ctx.inputs(), [ctx.output(0)], **{k: v for k, v in a.items() if k in _RESIZE_KEYS})
+
+
+def _upsample_mode(ctx: Ctx) -> str:
+    mode = ctx.attrs.get("mode", "nearest")
+    return "linear" if mode == "bilinear" else mode
+
+
+@converter("Upsample", since=7)
+def Upsample_7(ctx: Ctx):
+    """Opset 7-8: the scales are an attribute. Upsample is Resize with asymmetric coordinates
+    and nearest rounding down."""
+    scales = ctx.const(np.array(ctx.attrs["scales"], np.float32), "scales")
+    ctx.emit("resize", [ctx.input(0), "", scales], [ctx.output(0)], mode=_upsample_mode(ctx),
+             coordinate_transformation_mode="asymmetric", nearest_mode="floor")
 
 
 @converter("Upsample", since=9)
 def Upsample(ctx: Ctx):
-    ctx.emit("resize", [ctx.input(0), "", ctx.input(1)], [ctx.output(0)], mode=ctx.attrs.get("mode", "nearest"),
+    ctx.emit("resize", [ctx.input(0), "", ctx.input(1)], [ctx.output(0)], mode=_upsample_mode(ctx),
              coordinate_transformation_mode="asymmetric", nearest_mode="floor")

@@ -1,0 +1,112 @@
+"""Control flow (If, Loop, Scan, SequenceMap), sequences and optionals.
+
+A subgraph attribute becomes a region of the IR node: converted like any graph, it may read
+values of the graphs around it by name. The converter tells the region the types of its inputs
+where the model leaves them out (loop bodies often do).
+"""
+from __future__ import annotations
+
+from ..context import ConvertError, Ctx
+from ..dtypes import ir_dtype
+from . import converter
+
+
+def _type(ctx: Ctx, name: str):
+    v = ctx.value(name)
+    return v.shape, v.dtype, v.kind
+
+
+def _elem(t):
+    shape, dtype, kind = t
+    return shape, dtype, "tensor" if kind in ("seq", "opt", "opt seq") else kind
+
+
+@converter("If")
+def If(ctx: Ctx):
+    regions = {"then_branch": ctx.region("then_branch"), "else_branch": ctx.region("else_branch")}
+    ctx.emit("if", [ctx.input(0)], list(ctx.node.output), regions=regions)
+
+
+@converter("Loop")
+def Loop(ctx: Ctx):
+    ins = ctx.inputs() + [""] * max(0, 2 - len(ctx.inputs()))
+    carried = [_type(ctx, i) for i in ins[2:]]
+    body = ctx.region("body", [((), "i64", "tensor"), ((), "bool", "tensor")] + carried)
+    ctx.emit("loop", ins, list(ctx.node.output), regions={"body": body})
+
+
+@converter("Scan", since=8)
+def Scan_8(ctx: Ctx):
+    raise ConvertError("Scan-8 (batch axis and sequence_lens) is not supported; re-export at opset >= 9")
+
+
+@converter("Scan", since=9)
+def Scan(ctx: Ctx):
+    a = ctx.attrs
+    m = a["num_scan_inputs"]
+    ins = ctx.inputs()
+    n = len(ins) - m
+    axes = a.get("scan_input_axes") or [0] * m
+    types = [_type(ctx, i) for i in ins[:n]]
+    for name, ax in zip(ins[n:], axes):
+        shape, dtype, kind = _type(ctx, name)
+        shape = list(shape)
+        shape.pop(ax % len(shape))
+        types.append((tuple(shape), dtype, kind))
+    body = ctx.region("body", types)
+    ctx.emit("scan", ins, list(ctx.node.output), regions={"body": body}, num_scan_inputs=m,
+             scan_input_axes=a.get("scan_input_axes"), scan_input_directions=a.get("scan_input_directions"),
+             scan_output_axes=a.get("scan_output_axes"), scan_output_directions=a.get("scan_output_directions"))
+
+
+@converter("SequenceMap")
+def SequenceMap(ctx: Ctx):
+    types = [_elem(_type(ctx, i)) if ctx.value(i).kind == "seq" else _type(ctx, i) for i in ctx.inputs()]
+    ctx.emit("sequence_map", ctx.inputs(), list(ctx.node.output), regions={"body": ctx.region("body", types)})
+
+
+# ---------------------------------------------------------------- sequences
+
+@converter("SequenceEmpty")
+def SequenceEmpty(ctx: Ctx):
+    ctx.emit("sequence_empty", [], [ctx.output(0)], dtype=ir_dtype(ctx.attrs.get("dtype", 1), ctx.name))
+
+
+def _plain(ir_op, **fixed):
+    def convert(ctx: Ctx):
+        ctx.emit(ir_op, ctx.inputs(), list(ctx.node.output), **fixed)
+    return convert
+
+
+converter("SequenceConstruct")(_plain("sequence_construct"))
+converter("SequenceInsert")(_plain("sequence_insert"))
+converter("SequenceErase")(_plain("sequence_erase"))
+converter("SequenceAt")(_plain("sequence_at"))
+converter("SequenceLength")(_plain("sequence_length"))
+converter("OptionalHasElement")(_plain("optional_has_element"))
+converter("OptionalGetElement")(_plain("optional_get_element"))
+
+
+@converter("SplitToSequence")
+def SplitToSequence(ctx: Ctx):
+    ctx.emit("split_to_sequence", ctx.inputs(), [ctx.output(0)], axis=ctx.attrs.get("axis", 0),
+             keepdims=ctx.attrs.get("keepdims", 1))
+
+
+@converter("ConcatFromSequence")
+def ConcatFromSequence(ctx: Ctx):
+    ctx.emit("concat_from_sequence", ctx.inputs(), [ctx.output(0)], axis=ctx.attrs["axis"],
+             new_axis=ctx.attrs.get("new_axis", 0))
+
+
+@converter("Optional")
+def Optional(ctx: Ctx):
+    t = ctx.attrs.get("type")
+    dtype, seq = None, 0
+    if t is not None:
+        if t.HasField("sequence_type"):
+            t, seq = t.sequence_type.elem_type, 1
+        if not t.HasField("tensor_type"):
+            raise ConvertError("optionals of maps are not supported")
+        dtype = ir_dtype(t.tensor_type.elem_type, ctx.name)
+    ctx.emit("optional", ctx.inputs(), [ctx.output(0)], dtype=dtype, seq=seq)
