@@ -89,9 +89,11 @@ class PatchSampler:
     rejected because they teach nothing and would dilute the batch.
     """
 
-    def __init__(self, pairs, patch, rng):
+    def __init__(self, pairs, patch, rng, per_photo=False):
         self.pairs, self.patch, self.rng = pairs, patch, rng
         areas = np.array([lr.size for _, lr in pairs], dtype=np.float64)
+        if per_photo:
+            areas = np.ones_like(areas)
         self.p = areas / areas.sum()
 
     def one(self):

@@ -75,6 +75,12 @@ def _f8_out(to):
 def test_cast_to_float8(rng, to, saturate, src):
     x = _wide(rng, (4, 37)).astype(src)
     x.flat[:4] = [np.inf, -np.inf, np.nan, -0.0]
+    if not saturate:
+        # Just past the largest value ORT strays from the ONNX table (e4m3fn: 480 -> 448, the
+        # table says NaN; e5m2: 63520 -> NaN, the table says inf). npurun follows the table
+        # (the node suite checks that); keep random inputs clear of that band.
+        big = float(ml_dtypes.finfo(helper.tensor_dtype_to_np_dtype(to)).max)
+        x = np.where((np.abs(x) > big) & (np.abs(x) <= 2 * big), x / 4, x).astype(src)
     outs, back = _f8_out(to)
     check("Cast", {"x": x}, attrs={"to": to, "saturate": saturate}, opset=19, out_types=outs, then_cast=back)
 
@@ -191,6 +197,9 @@ def test_quantize_without_zero_point_is_uint8(rng):
 @pytest.mark.parametrize("saturate", [0, 1])
 def test_quantize_float8(rng, qt, saturate):
     x = _wide(rng, (4, 9))
+    if not saturate:  # see test_cast_to_float8: scale 0.5 doubles x
+        big = float(ml_dtypes.finfo(helper.tensor_dtype_to_np_dtype(qt)).max) / 2
+        x = np.where((np.abs(x) > big) & (np.abs(x) <= 2 * big), x / 4, x).astype(np.float32)
     zp = np.zeros((), helper.tensor_dtype_to_np_dtype(qt))
     outs, back = _f8_out(qt)
     check("QuantizeLinear", {"x": x}, {"s": np.array(0.5, np.float32), "z": zp}, {"saturate": saturate},
@@ -297,8 +306,8 @@ def test_qlinear_conv(rng, attrs, per_channel, bias):
 # ------------------------------------------------------------------ BitCast
 
 @pytest.mark.parametrize("src,to", [(np.float32, T.INT32), (np.int32, T.FLOAT), (np.float64, T.UINT64),
-                                    (np.uint16, T.FLOAT16), (np.int8, T.UINT8), (np.bool_, T.UINT8)])
-def test_bitcast(rng, src, to):
+                                    (np.uint16, T.FLOAT16), (np.int8, T.UINT8)])
+def test_bitcast(rng, src, to):  # ORT has no bool BitCast; the node suite covers it
     x = (nonzero_normal(rng, (3, 5)) * 1000).astype(np.float64)
     x = (x > 0) if src == np.bool_ else x.astype(src)
     check("BitCast", {"x": x}, attrs={"to": to}, opset=26, out_types=[to])
@@ -320,7 +329,14 @@ def _words(rng, shape):
                                    {"stopwords": ["monday", "wed"], "case_change_action": "UPPER"}])
 @pytest.mark.parametrize("shape", [(7,), (1, 6)])
 def test_string_normalizer(rng, attrs, shape):
+    attrs = {**attrs, "locale": "C.UTF-8"}  # ORT's default locale, en_US, is not installed here
     check("StringNormalizer", {"x": _words(rng, shape)}, attrs=attrs, opset=10, out_types=[T.STRING])
+
+
+def test_string_normalizer_drops_everything(rng):
+    got = check("StringNormalizer", {"x": np.array([["wed", "WED"]], dtype=object)},
+                attrs={"stopwords": ["wed"], "locale": "C.UTF-8"}, opset=10, out_types=[T.STRING])
+    assert list(got.values())[0].shape == (1, 1)
 
 
 def test_string_concat(rng):

@@ -228,3 +228,12 @@ _SUITE = [c for c in all_cases() if c.name.startswith(("test_linear_attention", 
 @pytest.mark.parametrize("case", _SUITE, ids=[c.name for c in _SUITE])
 def test_node_suite_case(case):
     assert run_case(case) is None
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_lstm_initial_state_without_sequence_lens(rng, direction):
+    # The silero-vad form: bias and initial states given, sequence_lens skipped ("").
+    ins = _recurrent_inputs(rng, "LSTM", 4, direction, 0, 6, 2, 5, 4, True)
+    ins = [(n, None if n in ("lens", "p") else a) for n, a in ins]
+    check("LSTM", ins, {"hidden_size": 4, "direction": direction}, opset=14,
+          outputs=("y", "y_h", "y_c"))

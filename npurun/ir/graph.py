@@ -100,7 +100,7 @@ class Graph:
 
     def const(self, name: str, array: np.ndarray, space: str = DEFAULT_SPACE) -> Value:
         from .dtypes import from_numpy
-        arr = np.ascontiguousarray(array)
+        arr = np.asarray(array, order="C")  # (ascontiguousarray would make a scalar 1-D)
         return self.add_value(Value(name, tuple(arr.shape), from_numpy(arr.dtype), space, arr))
 
     def producers(self) -> dict[str, Node]:

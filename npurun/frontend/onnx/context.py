@@ -4,7 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.graph import Graph, Node, Value
+from ...ir.dtypes import to_numpy
 from ...ir.ops import infer_node
+from ...passes.fold_constants import try_fold
 
 
 class ConvertError(Exception):
@@ -19,6 +21,8 @@ class Ctx:
         self.attrs: dict = {}
         self._n = 0
         self.region_of = None  # set by the importer: (GraphProto, input types, name) -> Graph
+        self.fold = True  # fold nodes whose results are known at import (passes/fold_constants.py)
+        self._node_names: set[str] = set()
 
     # --- reading the ONNX node
     @property
@@ -62,16 +66,27 @@ class Ctx:
 
     def emit(self, op: str, inputs: list[str], outputs: list[str] | None = None, n_out: int = 1,
              regions: dict | None = None, **attrs) -> list[str]:
-        """Add one IR node; its output types come from npurun's own inference."""
+        """Add one IR node; its output types come from npurun's own inference. A node whose
+        results are already known (constant operands, static shapes) becomes constants."""
         outputs = outputs or [self.fresh(op) for _ in range(n_out)]
+        name = self.name
+        if name in self._node_names:
+            name = f"{name}#{len(self.graph.nodes)}"
         node = Node(op, list(inputs), list(outputs), {k: v for k, v in attrs.items() if v is not None},
-                    name=self.name if not any(n.name == self.name for n in self.graph.nodes) or not self.name
-                    else f"{self.name}#{len(self.graph.nodes)}")
+                    name=name)
         node.regions = dict(regions or {})
         # Trailing absent optional operands carry no meaning: drop them.
         while node.inputs and not node.inputs[-1]:
             node.inputs.pop()
-        for nm, (shape, dtype, kind) in zip(outputs, infer_node(node, self.graph.values)):
+        types = infer_node(node, self.graph.values)
+        folded = try_fold(node, self.graph.values, [t[0] for t in types]) if self.fold else None
+        if folded is not None and all(a.dtype == to_numpy(t[1]) for a, t in zip(folded, types)):
+            for nm, arr in zip(outputs, folded):
+                self.graph.const(nm, arr)
+            return outputs
+        for nm, (shape, dtype, kind) in zip(outputs, types):
             self.graph.add_value(Value(nm, tuple(shape), dtype, kind=kind))
         self.graph.nodes.append(node)
+        if name:
+            self._node_names.add(name)
         return outputs

@@ -26,6 +26,7 @@ from .dtypes import ir_dtype
 
 MAX_ELEMENTS = 1 << 34  # no real tensor has more; refuse before trying to allocate it
 _ONNX_DOMAINS = ("", "ai.onnx")
+SMALL_CONST = 64  # constants up to this many elements are copied into the regions that read them
 
 
 def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
@@ -74,9 +75,12 @@ def _opsets(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def _symbol(param: str, table: dict) -> str:
-    """ONNX dim_param -> an IR symbol (names like 'batch size' become d0, d1, ...)."""
+    """ONNX dim_param -> an IR symbol ('batch size' becomes d0, d1, ...; a placeholder such as
+    '?' or '-1' names no dimension and stays unknown)."""
     if SYMBOL.match(param):
         return param
+    if not any(c.isalpha() for c in param):
+        return UNKNOWN
     return table.setdefault(param, f"d{len(table)}")
 
 
@@ -101,8 +105,8 @@ def _value_type(vi, where: str, syms: dict, top: bool = True) -> tuple | None:
         return (UNKNOWN,), dtype, kind
     shape = []
     for d in tt.shape.dim:
-        if d.HasField("dim_value"):
-            if d.dim_value < 0 or d.dim_value > MAX_ELEMENTS:
+        if d.HasField("dim_value") and d.dim_value >= 0:  # exporters write -1 for "dynamic"
+            if d.dim_value > MAX_ELEMENTS:
                 raise ModelError(f"{where}: input {vi.name!r} has an absurd dimension {d.dim_value}")
             shape.append(int(d.dim_value))
         elif d.HasField("dim_param"):
@@ -233,7 +237,9 @@ class _Importer:
             for i in n.input:  # a region reads enclosing values by name: declare them here
                 if i and i not in g.values and i in outer:
                     v = outer[i]
-                    g.add_value(Value(v.name, v.shape, v.dtype, v.space, kind=v.kind))
+                    # Small constants are copied in, so folding sees through the region's edge.
+                    small = v.is_const and v.data.size <= SMALL_CONST
+                    g.add_value(Value(v.name, v.shape, v.dtype, v.space, v.data if small else None, v.kind))
             ctx.node, ctx.attrs = n, _attrs(n)
             fn, domain = self.converter_of(n)
             ctx.opset = self.opsets.get(domain, 1)

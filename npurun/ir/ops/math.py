@@ -9,15 +9,7 @@ import re
 from ..dtypes import INT_TYPES
 from ..shapes import UNKNOWN, broadcast, numel
 from . import REQUIRED, _axis, _const_ints, _fail, _same, op
-
-
-def _bcast(node, ins):
-    shape = ins[0].shape
-    for v in ins[1:]:
-        shape = broadcast(shape, v.shape)
-        if shape is None:
-            _fail(node, f"operand shapes {[list(i.shape) for i in ins]} do not broadcast")
-    return shape
+from .elementwise import _bcast
 
 
 # ---------------------------------------------------------------- elementwise
@@ -30,12 +22,6 @@ def _ints(node, ins):
 
 for _n in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "mish"):
     op(_n, ["x"], groups={"elementwise", "unary"})(_same)
-
-
-@op("bitwise_not", ["x"], groups={"elementwise", "unary"})
-def _bitwise_not(node, a, ins):
-    _ints(node, ins)
-    return _same(node, a, ins)
 for _n, _attrs in {"swish": {"alpha": 1.0}, "thresholded_relu": {"alpha": 1.0},
                    "shrink": {"bias": 0.0, "lambd": 0.5}}.items():
     op(_n, ["x"], attrs=_attrs, groups={"elementwise", "unary"})(_same)
@@ -49,6 +35,12 @@ def _is_nan(node, a, ins):
 @op("is_inf", ["x"], attrs={"detect_negative": 1, "detect_positive": 1}, groups={"elementwise", "unary"})
 def _is_inf(node, a, ins):
     return [(ins[0].shape, "bool")]
+
+
+@op("bitwise_not", ["x"], groups={"elementwise", "unary"})
+def _bitwise_not(node, a, ins):
+    _ints(node, ins)
+    return _same(node, a, ins)
 
 
 for _n in ("bitwise_or", "bitwise_xor"):
@@ -125,13 +117,14 @@ def _top_k(node, a, ins):
 @op("unique", ["x"], outputs=("y", "indices", "inverse_indices", "counts"),
     attrs={"axis": None, "sorted": 1})
 def _unique(node, a, ins):
+    # How many unique entries there are is known only at run time; inverse_indices has one
+    # entry per input element (or per slice along `axis`).
     x = ins[0]
     if a["axis"] is None:  # unique elements of the flattened input
-        y = (UNKNOWN,)
+        y, n_in = (UNKNOWN,), numel(x.shape)
     else:
         ax = _axis(a["axis"], len(x.shape), node)
-        y = tuple(UNKNOWN if i == ax else d for i, d in enumerate(x.shape))
-    n_in = numel(x.shape) if a["axis"] is None else x.shape[_axis(a["axis"], len(x.shape), node)]
+        y, n_in = tuple(UNKNOWN if i == ax else d for i, d in enumerate(x.shape)), x.shape[ax]
     n_in = UNKNOWN if n_in is None else n_in
     return [(y, x.dtype), ((UNKNOWN,), "i64"), ((n_in,), "i64"), ((UNKNOWN,), "i64")]
 

@@ -100,6 +100,9 @@ def _group_norm(node, a, ins):
     c = ins[0].shape[1] if len(ins[0].shape) > 1 else UNKNOWN
     if isinstance(c, int) and c % a["num_groups"]:
         _fail(node, f"{c} channels do not split into {a['num_groups']} groups")
+    n = ins[1].shape[0] if len(ins[1].shape) == 1 else UNKNOWN
+    if isinstance(c, int) and isinstance(n, int) and n not in (c, a["num_groups"]):
+        _fail(node, f"scale has {n} entries; expected {c} (per channel) or {a['num_groups']} (per group)")
     return _same(node, a, ins)
 
 

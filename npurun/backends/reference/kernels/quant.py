@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from ....ir.dtypes import FLOAT8_TYPES, SMALL_FLOAT_TYPES, as_strings, from_numpy, int_range, to_numpy
+from ....ir.dtypes import SMALL_FLOAT_TYPES, as_strings, from_numpy, int_range, to_numpy
 from . import kernel
 from .elementwise import _widen, convert
 from .nn import conv
@@ -65,8 +65,8 @@ def dynamic_quantize_linear(x):
     lo = np.float32(min(0.0, x.min())) if x.size else np.float32(0)
     hi = np.float32(max(0.0, x.max())) if x.size else np.float32(0)
     scale = np.float32((hi - lo) / np.float32(255))
-    if scale == 0:
-        return np.zeros(x.shape, np.uint8), scale, np.uint8(0)
+    if scale == 0:  # x is all zeros
+        return np.zeros(x.shape, np.uint8), np.array(scale, np.float32), np.array(0, np.uint8)
     zp = np.uint8(np.clip(np.rint(0 - lo / scale), 0, 255))
     y = np.clip(np.rint(x / scale) + zp, 0, 255).astype(np.uint8)
     return y, np.array(scale, np.float32), np.array(zp, np.uint8)
@@ -172,10 +172,10 @@ def string_concat(a, b):
 @kernel("string_split")
 def string_split(x, *, delimiter, maxsplit):
     # An empty delimiter splits on runs of whitespace (dropping leading/trailing ones), as
-    # Python's str.split() does; maxsplit < 0 means no limit.
+    # Python's str.split() does; maxsplit < 0 means no limit. An empty string has no pieces.
     x = as_strings(x)
-    pieces = [s.split(delimiter or None, maxsplit if maxsplit is not None and maxsplit >= 0 else -1)
-              for s in x.flat]
+    limit = maxsplit if maxsplit is not None and maxsplit >= 0 else -1
+    pieces = [s.split(delimiter or None, limit) if s else [] for s in x.flat]
     width = max((len(p) for p in pieces), default=0)
     y = np.full((len(pieces), width), "", dtype=object)
     for i, p in enumerate(pieces):

@@ -75,6 +75,7 @@ def _safe_softmax(s):
 def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
               is_causal, q_num_heads, kv_num_heads, qk_matmul_output_mode, scale, softcap,
               softmax_precision, left_window_size, right_window_size):
+    # Scores and softmax run in float64, which meets any softmax_precision asked for.
     three_d = q.ndim == 3
     qh, kh, vh = _to_heads(q, q_num_heads), _to_heads(k, kv_num_heads), _to_heads(v, kv_num_heads)
     # The cache grows by concatenation along the sequence axis: keys are (B, Hkv, P + S, D).

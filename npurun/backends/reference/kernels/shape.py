@@ -59,7 +59,7 @@ def slice_(x, starts, ends, axes=None, steps=None):
     steps = [1] * len(starts) if steps is None else steps
     idx = [slice(None)] * x.ndim
     for st, en, ax, sp in zip(starts, ends, axes, steps):
-        idx[int(ax)] = slice(*slice(int(st), int(en), int(sp)).indices(x.shape[int(ax)]))
+        idx[int(ax)] = slice(int(st), int(en), int(sp))  # NumPy clamps out-of-range bounds as ONNX does
     return x[tuple(idx)]
 
 

@@ -23,8 +23,24 @@ def _elem(t):
 
 @converter("If")
 def If(ctx: Ctx):
+    cond = ctx.const_input(0)
+    if cond is not None:  # the branch is known now: inline it, drop the other
+        _inline(ctx, ctx.region("then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"))
+        return
     regions = {"then_branch": ctx.region("then_branch"), "else_branch": ctx.region("else_branch")}
     ctx.emit("if", [ctx.input(0)], list(ctx.node.output), regions=regions)
+
+
+def _inline(ctx: Ctx, region):
+    """Splice a region's values and nodes into the current graph; its outputs become the
+    node's outputs."""
+    g = ctx.graph
+    for name, v in region.values.items():
+        if name not in g.values:
+            g.add_value(v)
+    g.nodes.extend(region.nodes)
+    for src, dst in zip(region.outputs, ctx.node.output):
+        ctx.emit("identity", [src], [dst])
 
 
 @converter("Loop")

@@ -1,0 +1,1 @@
+"""Compiler passes: one per file, Graph -> Graph (issue D builds the pipeline)."""

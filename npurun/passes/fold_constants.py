@@ -1,0 +1,66 @@
+"""Constant folding: a node whose result is known before any input arrives is replaced by
+that result.
+
+Known means: every operand is a constant, or the node asks only for a static shape
+(`shape` of a value whose dims are all integers, `size` of one). The result comes from the
+reference kernel, so folding computes exactly what running the node would. Exporters emit
+long `Shape -> Gather -> Unsqueeze -> Concat -> Reshape` chains and `If`s on ranks; folding
+them gives later inference (and the backends) static shapes and plain graphs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ir.graph import Graph, Node
+from ..ir.ops import OPS
+from ..ir.shapes import numel
+
+MAX_FOLD_ELEMENTS = 1 << 20  # larger results stay computed at run time
+
+
+def _static(shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def try_fold(node: Node, values: dict, out_shapes: list) -> list[np.ndarray] | None:
+    """The node's results if they can be known now, else None."""
+    if node.regions or "control" in OPS[node.op].groups or "sequence" in OPS[node.op].groups \
+            or "optional" in OPS[node.op].groups:
+        return None
+    ins = [values[i] if i else None for i in node.inputs]
+    if any(v is not None and v.kind != "tensor" for v in ins):
+        return None
+    if node.op in ("shape", "size") and ins[0] is not None and _static(ins[0].shape):
+        shape = np.array(ins[0].shape, dtype=np.int64)
+        if node.op == "size":
+            return [np.array(math.prod(ins[0].shape), dtype=np.int64)]
+        a = OPS["shape"].attrs_of(node)
+        return [shape[a["start"]:a["end"]]]
+    if not all(v is None or v.is_const for v in ins) or not any(v is not None for v in ins):
+        return None
+    if any(v is not None and v.data.size > MAX_FOLD_ELEMENTS for v in ins):
+        return None
+    if any(numel(s) is None or numel(s) > MAX_FOLD_ELEMENTS for s in out_shapes):
+        return None
+    from ..backends.reference.kernels import KERNELS
+    with np.errstate(all="ignore"):
+        res = KERNELS[node.op](*[None if v is None else v.data for v in ins], **OPS[node.op].attrs_of(node))
+    res = res if isinstance(res, tuple) else (res,)
+    return [np.asarray(r) for r in res] if all(isinstance(r, np.ndarray | np.generic) for r in res) else None
+
+
+def fold_constants(g: Graph) -> Graph:
+    """The pass: fold every foldable node, in order (a fold may enable the next)."""
+    kept = []
+    for n in g.nodes:
+        shapes = [g.values[o].shape for o in n.outputs]
+        res = try_fold(n, g.values, shapes) if all(_static(s) for s in shapes) or n.op in ("shape", "size") else None
+        if res is None:
+            kept.append(n)
+            continue
+        for name, arr in zip(n.outputs, res):
+            g.values[name].data = arr.astype(np.dtype(arr.dtype), copy=False)
+    g.nodes = kept
+    return g
