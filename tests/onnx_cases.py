@@ -6,21 +6,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import nonzero_normal
 
-_ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-         np.dtype(np.int32): TensorProto.INT32, np.dtype(np.bool_): TensorProto.BOOL,
-         np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.uint8): TensorProto.UINT8,
-         np.dtype(np.int8): TensorProto.INT8}
+
 
 
 def single_node_model(op, inputs, consts=None, attrs=None, opset=17, n_out=1):
-    """inputs: name -> array (graph inputs); consts: name -> array (initializers), in operand
-    order given by `order`: inputs first unless a name is in both lists' keys order."""
+    """One `op` node reading the graph inputs `inputs` (name -> array), then the initializers
+    `consts` (name -> array), in that order."""
     consts = consts or {}
     names = list(inputs) + list(consts)
     node = helper.make_node(op, names, [f"y{i}" for i in range(n_out)], name=f"the_{op.lower()}", **(attrs or {}))
     g = helper.make_graph(
         [node], f"case_{op}",
-        [helper.make_tensor_value_info(k, _ELEM[v.dtype], list(v.shape)) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape)) for k, v in inputs.items()],
         [helper.make_empty_tensor_value_info(f"y{i}") for i in range(n_out)],
         [numpy_helper.from_array(v, k) for k, v in consts.items()])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)

@@ -58,8 +58,14 @@ class Value:
             return False
         if (self.data is None) != (other.data is None):
             return False
-        return self.data is None or (
-            self.data.dtype == other.data.dtype and np.array_equal(self.data, other.data, equal_nan=True))
+        if self.data is None:
+            return True
+        if self.data.dtype != other.data.dtype or self.data.shape != other.data.shape:
+            return False
+        if self.data.dtype == object:  # strings
+            return self.data.tolist() == other.data.tolist()
+        # Compare bit patterns, so NaNs (and every ml_dtypes type) compare exactly.
+        return self.data.tobytes() == other.data.tobytes()
 
 
 @dataclass(eq=False)

@@ -59,6 +59,17 @@ def all_cases() -> list[Case]:
         return disk_cases(os.path.join(os.path.dirname(base), "data", "node"))
 
 
+def _arrays(values: list) -> list:
+    out = []
+    for a in values:
+        if isinstance(a, onnx.TensorProto):
+            a = numpy_helper.to_array(a)
+        elif isinstance(a, np.generic):
+            a = np.asarray(a)
+        out.append(a)
+    return out
+
+
 def compare(got, expected, case) -> str | None:
     """None when `got` matches `expected` (a tensor, a list of them, or None)."""
     if expected is None or got is None:
@@ -72,8 +83,11 @@ def compare(got, expected, case) -> str | None:
         return f"dtype {got.dtype}, expected {expected.dtype}"
     if got.shape != expected.shape:
         return f"shape {got.shape}, expected {expected.shape}"
-    if expected.dtype.kind in "fc":
-        np.testing.assert_allclose(got, expected, rtol=case.rtol, atol=case.atol)
+    if expected.dtype.kind in "fc" or expected.dtype.name in ("bfloat16",) or expected.dtype.name.startswith("float8"):
+        # ml_dtypes floats (kind "V") are compared as floats too, in float32.
+        np.testing.assert_allclose(got.astype(np.float32) if got.dtype.kind == "V" else got,
+                                   expected.astype(np.float32) if expected.dtype.kind == "V" else expected,
+                                   rtol=case.rtol, atol=case.atol)
     else:
         np.testing.assert_array_equal(got, expected)
     return None
@@ -90,9 +104,9 @@ def run_case(case: Case, device: str = "reference") -> str | None:
             init = {i.name for i in case.model.graph.initializer}
             in_names = [i.name for i in case.model.graph.input if i.name not in init]
             for inputs, expected in case.data_sets:
-                # NumPy scalars are 0-d tensors; lists, dicts and None are sequences, maps, optionals.
-                inputs = [np.asarray(a) if isinstance(a, np.generic) else a for a in inputs]
-                expected = [np.asarray(a) if isinstance(a, np.generic) else a for a in expected]
+                # NumPy scalars are 0-d tensors, TensorProtos are tensors still to decode;
+                # lists, dicts and None are sequences, maps, optionals.
+                inputs, expected = _arrays(inputs), _arrays(expected)
                 if any(isinstance(a, dict) for a in list(inputs) + list(expected)):
                     return "maps are not supported"
                 outs = exe.run_sync(graph, dict(zip(in_names, inputs)))

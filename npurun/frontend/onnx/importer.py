@@ -58,12 +58,25 @@ def _check_tensors(model: onnx.ModelProto, path) -> None:
                              f"({n} elements); refusing to allocate it")
         if t.data_location == onnx.TensorProto.EXTERNAL:
             continue
-        if t.HasField("raw_data"):
-            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize \
-                if t.data_type != onnx.TensorProto.STRING else 1
-            if len(t.raw_data) != n * itemsize:
+        if t.HasField("raw_data") and t.data_type != onnx.TensorProto.STRING:
+            need = _raw_bytes(t.data_type, n)
+            if len(t.raw_data) != need:
                 raise ModelError(f"{path}: initializer {t.name!r} claims shape {list(t.dims)} "
-                                 f"({n * itemsize} bytes) but holds {len(t.raw_data)} bytes")
+                                 f"({need} bytes) but holds {len(t.raw_data)} bytes")
+
+
+_PACKED = {onnx.TensorProto.INT4: 2, onnx.TensorProto.UINT4: 2, onnx.TensorProto.FLOAT4E2M1: 2}
+for _t in ("INT2", "UINT2"):
+    if hasattr(onnx.TensorProto, _t):
+        _PACKED[getattr(onnx.TensorProto, _t)] = 4
+
+
+def _raw_bytes(data_type: int, n: int) -> int:
+    """Bytes of raw data n elements take: sub-byte types pack 2 or 4 to a byte."""
+    per = _PACKED.get(data_type)
+    if per:
+        return -(-n // per)
+    return n * onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
 
 
 def _opsets(model: onnx.ModelProto) -> dict[str, int]:
@@ -255,19 +268,14 @@ class _Importer:
         if problems:
             _report_unsupported(where, problems)
 
-        produced = {o for n in g.nodes for o in n.outputs}
         for vi in og.output:
-            if vi.name not in g.values and vi.name in outer:
+            if vi.name not in g.values and vi.name in outer:  # a region passing on a capture
                 v = outer[vi.name]
                 g.add_value(Value(v.name, v.shape, v.dtype, v.space, kind=v.kind))
             if vi.name not in g.values:
                 raise ModelError(f"{where}: graph output {vi.name!r} is never produced")
-            if vi.name not in produced:  # an input, a constant or a capture: copy it out
-                ctx.node, ctx.attrs = onnx.helper.make_node("Identity", [vi.name], [vi.name + "/out"]), {}
-                ctx.emit("identity", [vi.name], [vi.name + "/out"])
-                g.outputs.append(vi.name + "/out")
-            else:
-                g.outputs.append(vi.name)
+            # An output may be an input or a constant (perhaps folded): it keeps its name.
+            g.outputs.append(vi.name)
         _drop_unused(g)
         return g
 

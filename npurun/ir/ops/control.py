@@ -16,7 +16,7 @@ def _types(region, names):
 
 def _merge(a, b):
     """The type both branches agree on: dims that differ become unknown."""
-    (sa, da, ka), (sb, db, kb) = a, b
+    (sa, da, ka), (sb, _, _) = a, b
     if len(sa) != len(sb):
         return (tuple(UNKNOWN for _ in sa), da, ka)
     return (tuple(x if x == y else UNKNOWN for x, y in zip(sa, sb)), da, ka)

@@ -68,8 +68,8 @@ def _reduced(node, shape, axes, keepdims):
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
-for _n in ("reduce_prod", "reduce_sum_square", "reduce_l1", "reduce_l2", "reduce_log_sum",
-           "reduce_log_sum_exp"):
+for _n in ("reduce_mean", "reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
+           "reduce_sum_square", "reduce_l1", "reduce_l2", "reduce_log_sum", "reduce_log_sum_exp"):
     @op(_n, ["x", "axes?"], attrs={"keepdims": 1, "noop_with_empty_axes": 0}, groups={"reduce"})
     def _reduce(node, a, ins):
         x = ins[0]
@@ -206,13 +206,13 @@ def _gather_nd(node, a, ins):
     groups={"scatter"})
 def _scatter_elements(node, a, ins):
     _axis(a["axis"], len(ins[0].shape), node)
-    return _same(node, a, ins)
+    return _scatter_nd(node, a, ins)
 
 
 @op("scatter_nd", ["x", "indices", "updates"], attrs={"reduction": "none"}, groups={"scatter"})
 def _scatter_nd(node, a, ins):
     if a["reduction"] not in ("none", "add", "mul", "max", "min"):
-        _fail(node, f"unknown reduction {a['reduction']!r}")
+        _fail(node, f"reduction {a['reduction']!r} is not none, add, mul, max or min")
     return _same(node, a, ins)
 
 
@@ -252,10 +252,10 @@ def _range(node, a, ins):
     start, limit, delta = ins
     n = UNKNOWN
     if all(v.data is not None for v in ins):
-        s, l, d = (v.data.reshape(-1)[0].item() for v in ins)
+        s, lim, d = (v.data.reshape(-1)[0].item() for v in ins)
         if d == 0:
             _fail(node, "delta is 0")
-        n = max(math.ceil((l - s) / d), 0)
+        n = max(math.ceil((lim - s) / d), 0)
     return [((n,), start.dtype)]
 
 

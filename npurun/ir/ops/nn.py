@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from ..shapes import UNKNOWN, affine, broadcast, numel
-from . import REQUIRED, _axis, _const_ints, _fail, _same, op
+from . import REQUIRED, _axis, _fail, _same, op
 
 
 def _conv_out(size, k, stride, dil, pad_total):
@@ -134,21 +134,5 @@ def _avgpool(node, a, ins):
 for _n in ("global_average_pool", "global_max_pool"):
     op(_n, ["x"], groups={"pool"})(
         lambda node, a, ins: [((*ins[0].shape[:2], *[1] * (len(ins[0].shape) - 2)), ins[0].dtype)])
-
-
-for _n in ("reduce_mean", "reduce_sum", "reduce_max", "reduce_min"):
-    @op(_n, ["x", "axes?"], attrs={"keepdims": 1, "noop_with_empty_axes": 0}, groups={"reduce"})
-    def _reduce(node, a, ins):
-        x = ins[0]
-        axes = _const_ints(ins[1] if len(ins) > 1 else None, node, "axes")
-        if len(ins) > 1 and ins[1] is not None and axes is None:
-            n = len(x.shape) if a["keepdims"] else UNKNOWN
-            return [((UNKNOWN,) * n if isinstance(n, int) else (), x.dtype)]
-        if not axes:
-            axes = [] if a["noop_with_empty_axes"] else list(range(len(x.shape)))
-        axes = {_axis(i, len(x.shape), node) for i in axes}
-        shape = [1 if i in axes else d for i, d in enumerate(x.shape)] if a["keepdims"] else \
-            [d for i, d in enumerate(x.shape) if i not in axes]
-        return [(tuple(shape), x.dtype)]
 
 

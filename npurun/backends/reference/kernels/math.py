@@ -286,8 +286,9 @@ def reverse_sequence(x, lens, *, batch_axis, time_axis):
 
 @kernel("range")
 def range_(start, limit, delta):
-    s, l, d = start.item(), limit.item(), delta.item()
-    n = max(math.ceil((l - s) / d), 0)
+    # output[i] = start + i * delta, as many as stay short of limit
+    s, lim, d = start.item(), limit.item(), delta.item()
+    n = max(math.ceil((lim - s) / d), 0)
     return (s + np.arange(n) * d).astype(start.dtype)
 
 

@@ -49,6 +49,7 @@ def squeeze(x, axes=None):
 
 @kernel("unsqueeze")
 def unsqueeze(x, axes):
+    axes = np.ravel(axes)
     return np.expand_dims(x, tuple(int(a) % (x.ndim + len(axes)) for a in axes))
 
 
