@@ -135,6 +135,37 @@ def cmd_ir(args) -> int:
     return 0
 
 
+def cmd_ops_report(args) -> int:
+    """For every node: the backend that runs it and, where the device's own backend does not,
+    why (the docstring of the rule that said no)."""
+    from .backends import get_backend
+    from .frontend import load
+    graph = load(args.model)
+    backend = get_backend(args.device, 1)
+    program = backend.compile(graph)
+    fused = getattr(program, "fused", {})
+    rows, counts = [], {}
+    for i, n in enumerate(graph.nodes):
+        ok, why = backend.supports(n, graph)
+        taker = backend.name
+        if id(n) in fused:
+            why = f"fused into {fused[id(n)].label()} (its epilogue)"
+        elif not ok:
+            taker = backend.fallback or "none"
+            if backend.fallback:
+                ok2, why2 = get_backend(backend.fallback).supports(n, graph)
+                if not ok2:
+                    taker, why = "none", f"{why} {backend.fallback}: {why2}"
+        counts[taker] = counts.get(taker, 0) + 1
+        rows.append((str(i), n.name or "-", n.full_op, taker, why))
+    widths = [max(len(r[k]) for r in rows + [("#", "node", "op", "backend", "")]) for k in range(4)]
+    print("  ".join(h.ljust(w) for h, w in zip(("#", "node", "op", "backend"), widths)) + "  why")
+    for r in rows:
+        print(("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4]).rstrip())
+    print(f"{len(rows)} nodes on {args.device}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 0
+
+
 def cmd_info(args) -> int:
     import onnx
     from .backends import BACKENDS
@@ -186,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("action", choices=["print", "verify"])
     i.add_argument("file")
     i.set_defaults(fn=cmd_ir)
+
+    o = sub.add_parser("ops-report", help="which backend runs each node of a model, and why")
+    o.add_argument("model")
+    o.add_argument("--device", default="cpu")
+    o.set_defaults(fn=cmd_ops_report)
 
     n = sub.add_parser("info", help="version, backends and why any is unavailable")
     n.set_defaults(fn=cmd_info)

@@ -120,3 +120,33 @@ def test_bad_inputs_give_one_line_and_write_nothing(tmp_path, rng):
 def test_usage_error_exits_2():
     r = run("upscale")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_ops_report_explains_every_node(tmp_path, rng):
+    from onnx import TensorProto, helper, numpy_helper, save
+    w = numpy_helper.from_array(nonzero(rng, (4, 2, 3, 3)), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="dense", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="act"),
+             helper.make_node("Conv", ["r", "dw"], ["d"], name="depthwise", group=4),
+             helper.make_node("Sigmoid", ["d"], ["y"], name="gate")]
+    dw = numpy_helper.from_array(nonzero(rng, (4, 1, 3, 3)), "dw")
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, dw])
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    r = run("ops-report", tmp_path / "m.onnx")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[1]: line for line in r.stdout.splitlines()[1:-1]}
+    assert set(rows) == {"dense", "act", "depthwise", "gate"}
+    backend = {k: v.split()[3] for k, v in rows.items()}
+    assert backend == {"dense": "cpu", "act": "cpu", "depthwise": "reference", "gate": "reference"}
+    assert "fused into node 'dense'" in rows["act"]
+    assert "grouped or depthwise convolution" in rows["depthwise"].lower()
+    assert "has no kernel of its own" in rows["gate"]
+    assert r.stdout.splitlines()[-1] == "4 nodes on cpu: cpu 2, reference 2"
+    r = run("ops-report", tmp_path / "m.onnx", "--device", "reference")
+    assert r.stdout.splitlines()[-1] == "4 nodes on reference: reference 4"
+
+
+def nonzero(rng, shape):
+    from conftest import nonzero_normal
+    return nonzero_normal(rng, shape)

@@ -22,6 +22,10 @@ Progress = Callable[[int, int, str], None]  # (nodes done, nodes in all, node la
 
 class Backend:
     name = "?"
+    # Rules a node must pass for this backend to take it: rule(node, graph) -> bool. The
+    # docstring of the first rule that says no is the reason `npurun ops-report` shows.
+    rules: tuple = ()
+    fallback: str | None = None  # the backend that takes what this one refuses
 
     def __init__(self, target: str | None = None, parallelism: int = 1):
         self.target, self.parallelism = target, parallelism
@@ -30,8 +34,11 @@ class Backend:
     def available(cls) -> tuple[bool, str]:
         return True, ""
 
-    def supports(self, node) -> tuple[bool, str]:
-        raise NotImplementedError
+    def supports(self, node, graph=None) -> tuple[bool, str]:
+        for rule in self.rules:
+            if not rule(node, graph):
+                return False, " ".join((rule.__doc__ or rule.__name__).split())
+        return True, ""
 
     def compile(self, graph: Graph) -> "Program":
         raise NotImplementedError

@@ -135,3 +135,24 @@ def test_silero_vad_stream(device, rng):
         _close(s_ours, s_ort)
         probs.append(float(p_ort.reshape(-1)[0]))
     assert max(probs) - min(probs) > 0.01  # the state really carried information
+
+
+@pytest.mark.parametrize("name, feeds", [
+    ("ppocr_cls", lambda rng: {"x": rng.standard_normal((1, 3, 48, 192)).astype(np.float32)}),
+    ("silero_vad", lambda rng: {"input": rng.standard_normal((1, 512)).astype(np.float32) * 0.1,
+                                "state": rng.standard_normal((2, 1, 128)).astype(np.float32) * 0.1,
+                                "sr": np.array(16000, np.int64)}),
+])
+def test_convert_round_trip_runs_the_same(name, feeds, tmp_path, rng):
+    """`npurun convert` output (.npuir + weights) runs to exactly the .onnx's outputs."""
+    import subprocess
+    import sys
+    out = tmp_path / f"{name}.npuir"
+    r = subprocess.run([sys.executable, "-m", "npurun", "convert", str(fetch(name)), "-o", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    x = feeds(rng)
+    a = npurun.InferenceSession(fetch(name), device="reference").run(None, x)
+    b = npurun.InferenceSession(out, device="reference").run(None, x)
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)

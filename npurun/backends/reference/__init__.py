@@ -3,15 +3,16 @@ from ..base import Backend, Program
 from .kernels import KERNELS
 
 
+def has_reference_kernel(node, graph) -> bool:
+    """npurun has no kernel for this op yet."""
+    return node.op in KERNELS
+
+
 class ReferenceBackend(Backend):
     """One NumPy function per op, exact ONNX semantics, single-threaded intent."""
 
     name = "reference"
-
-    def supports(self, node):
-        if node.op in KERNELS:
-            return True, ""
-        return False, f"no reference kernel for {node.op}"
+    rules = (has_reference_kernel,)
 
     def compile(self, graph):
         return Program(graph, KERNELS, self.name)
