@@ -225,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     n = sub.add_parser("info", help="version, backends and why any is unavailable")
     n.set_defaults(fn=cmd_info)
+
+    # Further commands live one per module in npurun/commands/, each with add_parser(sub).
+    import importlib
+    import pkgutil
+
+    from . import commands
+    for m in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{commands.__name__}.{m.name}").add_parser(sub)
     return p
 
 

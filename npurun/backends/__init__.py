@@ -1,15 +1,26 @@
 """Backends, registered in one dict by name. A device string is `BACKEND[:TARGET]`."""
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from ..errors import BackendError
 from .base import Backend, Program
-from .cpu import CpuBackend
-from .reference import ReferenceBackend
 
-BACKENDS: dict[str, type[Backend]] = {
-    ReferenceBackend.name: ReferenceBackend,
-    CpuBackend.name: CpuBackend,
-}
+BACKENDS: dict[str, type[Backend]] = {}
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Class decorator: make a backend reachable by its device name."""
+    BACKENDS[cls.name] = cls
+    return cls
+
+
+# Every subpackage is a backend; importing it registers it. A backend whose library is
+# optional (torch, ...) must import that library lazily and say so in `available()`.
+for _m in pkgutil.iter_modules(__path__):
+    if _m.ispkg:
+        importlib.import_module(f"{__name__}.{_m.name}")
 
 
 def parse_device(device: str) -> tuple[str, str | None]:
@@ -31,4 +42,4 @@ def get_backend(device: str, parallelism: int = 1) -> Backend:
     return cls(target, parallelism)
 
 
-__all__ = ["BACKENDS", "Backend", "Program", "get_backend", "parse_device"]
+__all__ = ["BACKENDS", "Backend", "Program", "get_backend", "parse_device", "register"]

@@ -14,6 +14,7 @@ from threadpoolctl import threadpool_limits
 
 from ...ir.graph import Node
 from ...ir.ops import OPS
+from .. import register
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
 from . import conv
@@ -88,6 +89,7 @@ def conv_is_float32(node, graph) -> bool:
 CPU_KERNELS = {"conv"}  # ops with a kernel of the cpu backend's own
 
 
+@register
 class CpuBackend(Backend):
     """Compiled programs on the host CPU: banded conv with fused epilogues, threads = parallelism."""
 

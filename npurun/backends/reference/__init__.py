@@ -1,4 +1,5 @@
 """The reference backend: the readable NumPy kernels, the oracle for every other backend."""
+from .. import register
 from ..base import Backend, Program
 from .kernels import KERNELS
 
@@ -8,6 +9,7 @@ def has_reference_kernel(node, graph) -> bool:
     return node.op in KERNELS
 
 
+@register
 class ReferenceBackend(Backend):
     """One NumPy function per op, exact ONNX semantics, single-threaded intent."""
 
