@@ -150,3 +150,36 @@ def test_every_op_has_inference_and_a_reference_kernel():
 def test_public_api():
     assert issubclass(npurun.errors.ParseError, npurun.NpurunError)
     assert callable(npurun.load) and callable(npurun.Executor) and callable(npurun.InferenceSession)
+
+
+REGION_TEXT = """input c: [] bool DRAM0
+input x: [2] f32 DRAM0
+op if @check (c: [] bool DRAM0 -> y: [2] f32 DRAM0) then_branch={
+  graph check.then_branch
+  op relu (x: [2] f32 DRAM0 -> a: [2] f32 DRAM0)
+  output a: [2] f32 DRAM0
+} else_branch={
+  graph check.else_branch
+  op neg (x: [2] f32 DRAM0 -> b: [2] f32 DRAM0)
+  output b: [2] f32 DRAM0
+}
+output y: [2] f32 DRAM0
+"""
+
+
+def test_regions_parse_print_and_run(rng):
+    g = parse(REGION_TEXT)
+    verify(g)
+    assert set(g.nodes[0].regions) == {"then_branch", "else_branch"}
+    assert g.nodes[0].regions["then_branch"].captures() == ["x"]
+    assert parse(print_graph(g)) == g
+    x = rng.standard_normal(2).astype(np.float32)
+    exe = npurun.Executor("reference")
+    np.testing.assert_array_equal(exe.run_sync(g, {"c": np.array(True), "x": x})["y"], np.maximum(x, 0))
+    np.testing.assert_array_equal(exe.run_sync(g, {"c": np.array(False), "x": x})["y"], -x)
+
+
+def test_region_reading_an_undefined_value_is_refused():
+    g = parse(REGION_TEXT.replace("op relu (x:", "op relu (ghost:"))
+    with pytest.raises(VerifyError, match="in node 'check' \\(if\\) then_branch: node relu: operand 0 'ghost'"):
+        verify(g)
