@@ -19,3 +19,12 @@ def nonzero_normal(rng, shape, dtype=np.float32):
     x = rng.standard_normal(shape)
     x = np.where(np.abs(x) < 0.05, np.sign(x + 1e-12) * 0.05 + x, x)
     return x.astype(dtype)
+
+
+# Lines a test wants in CI's log whatever the outcome (e.g. the conformance figure).
+SUMMARY: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in SUMMARY:
+        terminalreporter.write_line(line)

@@ -31,8 +31,9 @@ def test_node_suite(results):
     ex = excluded()
     failed = {k: v for k, v in results.items() if v}
     n_pass = len(results) - len(failed)
-    print(f"\nconformance: {n_pass} passed, {len(failed)} failed "
-          f"({100 * n_pass / len(results):.1f}% of {len(results)} node cases)")
+    from conftest import SUMMARY
+    SUMMARY.append(f"conformance (ONNX node suite, reference backend): {n_pass} passed, "
+                   f"{len(failed)} failed, {100 * n_pass / len(results):.1f}% of {len(results)} cases")
     unexpected = {k: v for k, v in failed.items() if k not in ex}
     fixed = sorted(k for k in ex if k in results and not results[k])
     assert not unexpected, "cases that should pass fail:\n" + "\n".join(f"{k}: {v}" for k, v in sorted(unexpected.items()))
