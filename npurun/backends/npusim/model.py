@@ -1,0 +1,281 @@
+"""The timing, traffic and energy model of one inference on a device, node by node.
+
+For each node npusim decides
+  * its precision (`choose_precision`: from --precision, the node's own suffix or its dtype),
+  * its compute unit: convolutions and matrix products on the matrix unit (HMX), depthwise
+    convolutions and everything else on the vector units (HVX); view ops (reshape, flatten,
+    ...) cost nothing; an activation that directly follows a matrix op it alone reads is fused
+    into that op (the matrix unit's output stage applies it),
+  * compute cycles: MACs / (MACs per cycle x tile utilization x calibrated efficiency), where
+    tile utilization is what the MAC array loses when a layer's depth, channel or pixel count
+    is not a multiple of its tile (x is (N, C, H, W); a pass covers tile[0] input channels x
+    tile[1] output channels x tile[2] output pixels),
+  * transfer time per memory tier from the placement (SRAM or DRAM), DMA bursts included,
+  * the node's time: compute and transfer overlap when the node is software-pipelined
+    (`pipeline` hint or the device's default; 2 = double buffering): max(c, m) + min(c, m)/p,
+    and c + m without pipelining; plus the per-op dispatch overhead.
+Everything is in seconds at a given DVFS point; `NodeTiming` carries what the report, the CSV
+and the trace need.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ...devices import IR_TO_DEVICE, Device
+from ...errors import NpurunError
+from ...ir.dtypes import to_numpy
+from ...ir.graph import Graph
+from ...ir.ops import OPS, macs as op_macs
+from ...ir.shapes import UNKNOWN, bind, numel, parse_affine
+
+# Ops that only relabel memory: no time, no dispatch.
+FREE_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", "shape", "size",
+                      "constant_of_shape", "dropout"})
+# Activations the matrix unit's output stage applies for free after a conv / matmul.
+# (Piecewise-linear ones only: sigmoid-based SiLU/swish and PReLU's per-channel slopes run as
+# their own vector op.)
+FUSABLE = frozenset({"relu", "clip", "leaky_relu"})
+# Ops that write into (or read out of) a slice of a buffer along the channel axis: the producer
+# writes its part in place, so they cost nothing when the axis is 1 (NCHW channels).
+IN_PLACE = frozenset({"concat", "split"})
+# Vector work per output element, in MAC-equivalents, for ops heavier than one lane op.
+VECTOR_OPS_PER_ELEMENT = {"sigmoid": 4, "tanh": 4, "gelu": 6, "erf": 6, "exp": 4,
+                          "log_softmax": 6, "layer_normalization": 6, "batch_normalization": 2,
+                          "instance_normalization": 6, "group_normalization": 6, "prelu": 2,
+                          "swish": 5, "softmax": 10, "depth_to_space": 8, "space_to_depth": 8, "transpose": 8, "div": 4, "sqrt": 4, "reciprocal": 4, "resize": 2}
+PRECISION_CHOICES = ("auto", "int8", "fp16", "int16")
+BYTES = {"int8": 1, "int8_acc16": 1, "fp16": 2, "int16": 2}
+
+
+@dataclass
+class NodeTiming:
+    name: str
+    op: str
+    unit: str  # compute unit name, or "" for a free (view) op
+    precision: str
+    macs: int = 0
+    vector_work: float = 0.0  # MAC-equivalents done on the vector unit
+    utilization: float = 1.0  # tile utilization of the unit (before calibrated efficiency)
+    sram_bytes: int = 0
+    dram_bytes: int = 0
+    compute_s: float = 0.0
+    transfer_s: float = 0.0
+    overhead_s: float = 0.0
+    time_s: float = 0.0
+    start_s: float = 0.0
+    energy_j: float = 0.0
+    fused: list[str] = field(default_factory=list)
+
+    @property
+    def bound(self) -> str:
+        if not self.unit:
+            return "free"
+        if self.overhead_s >= max(self.compute_s, self.transfer_s):
+            return "overhead"
+        return "compute" if self.compute_s >= self.transfer_s else "memory"
+
+
+def resolve_shapes(g: Graph, input_shapes: dict) -> dict[str, tuple]:
+    """Concrete shape of every value, binding the inputs' symbolic dims to `input_shapes`."""
+    env: dict[str, int] = {}
+    for name in g.inputs:
+        shape = input_shapes.get(name, g.values[name].shape)
+        if not all(isinstance(d, int) for d in shape):
+            continue  # left unbound: estimate() asks for this input's shape
+        if not bind(g.values[name].shape, tuple(shape), env):
+            raise NpurunError(f"{g.source}: input {name!r} cannot have shape {list(shape)}; "
+                              f"declared {list(g.values[name].shape)}")
+    out = {}
+    for nm, v in g.values.items():
+        dims = []
+        for d in (input_shapes.get(nm, v.shape) if nm in g.inputs else v.shape):
+            if isinstance(d, int):
+                dims.append(d)
+            elif d != UNKNOWN and (p := parse_affine(d)) and p[1] in env:
+                dims.append(p[0] * env[p[1]] + p[2])
+            else:
+                dims = None
+                break
+        out[nm] = tuple(dims) if dims is not None else None
+    return out
+
+
+def choose_precision(node, g: Graph, requested: str) -> str:
+    """The device precision a node runs at: --precision int8/fp16/int16 for every node; auto
+    takes the node's own suffix (matmul_f16), else its first operand's dtype."""
+    if requested not in PRECISION_CHOICES:
+        raise NpurunError(f"precision {requested!r}: expected one of {', '.join(PRECISION_CHOICES)}")
+    if requested != "auto":
+        return requested
+    if node.precision in IR_TO_DEVICE:
+        return IR_TO_DEVICE[node.precision]
+    first = next((i for i in node.inputs if i), None)
+    dt = g.values[first].dtype if first else "f32"
+    return {"i8": "int8", "u8": "int8", "i16": "int16", "u16": "int16"}.get(dt, "fp16")
+
+
+def _quant(n: int, t: int) -> float:
+    """Share of `ceil(n / t)` passes of width t that `n` fills."""
+    return n / (math.ceil(n / t) * t) if n > 0 else 1.0
+
+
+def is_matrix_node(node, shapes) -> bool:
+    if node.op in ("matmul", "gemm", "matmul_integer", "qlinear_matmul"):
+        return True
+    if node.op in ("conv", "conv_integer", "qlinear_conv", "conv_transpose"):
+        w = shapes.get(node.inputs[1 if node.op != "qlinear_conv" else 3])
+        return w is not None and w[1] > 1  # depthwise (1 input channel per group) runs on vectors
+    return False
+
+
+def matrix_utilization(node, shapes, tile) -> float:
+    """Tile utilization of the MAC array for a conv or matmul (see the module docstring)."""
+    td, tc, tp = tile
+    if node.op.startswith("conv") or node.op == "qlinear_conv":
+        w = shapes[node.inputs[1 if node.op != "qlinear_conv" else 3]]
+        y = shapes[node.outputs[0]]
+        cin_g, taps = w[1], math.prod(w[2:])
+        groups = OPS[node.op].attrs_of(node).get("group", 1)
+        if groups > 1 and cin_g < td:
+            # Grouped: groups packed block-diagonally into a tile use cin_g of its td depth.
+            depth = cin_g / td
+        elif cin_g < td:
+            # A thin input (the first layer) is packed tap by tap into the depth.
+            depth = _quant(cin_g * taps, td)
+        else:
+            depth = _quant(cin_g, td)
+        return depth * _quant(w[0], tc) * _quant(math.prod(y[2:]) * y[0], tp)
+    a, y = shapes[node.inputs[0]], shapes[node.outputs[0]]
+    m = math.prod(y[:-1]) if len(y) > 1 else 1
+    return _quant(a[-1], td) * _quant(y[-1], tc) * _quant(m, tp)
+
+
+def vector_work(node, shapes, g) -> float:
+    """MAC-equivalents the vector units do for a node."""
+    y = shapes.get(node.outputs[0]) if node.outputs else None
+    n_out = numel(y) if y else 0
+    if node.op in ("conv", "conv_integer"):  # depthwise
+        return float(op_macs(node, [shapes.get(i) if i else None for i in node.inputs],
+                             [shapes.get(o) for o in node.outputs]))
+    if node.op in ("max_pool", "average_pool", "lp_pool"):
+        k = OPS[node.op].attrs_of(node)["kernel_shape"]
+        return float(n_out * math.prod(k))
+    if node.op in ("global_average_pool", "global_max_pool", "reduce_mean", "reduce_sum", "reduce_max"):
+        x = shapes.get(node.inputs[0])
+        return float(numel(x) if x else n_out)
+    total_out = sum(numel(shapes[o]) for o in node.outputs if o and shapes.get(o))
+    return float(total_out * VECTOR_OPS_PER_ELEMENT.get(node.op, 1))
+
+
+def fusions(g: Graph) -> dict[int, int]:
+    """Index of each fused activation node -> index of the matrix node it is fused into."""
+    readers = g.consumers()
+    out = {}
+    for i, n in enumerate(g.nodes[:-1]):
+        nxt = g.nodes[i + 1]
+        if (n.op in ("conv", "matmul", "gemm") and nxt.op in FUSABLE and nxt.inputs[:1] == n.outputs[:1]
+                and len(readers.get(n.outputs[0], [])) == 1 and n.outputs[0] not in g.outputs):
+            out[i + 1] = i
+    return out
+
+
+def value_bytes(shape, precision: str, dtype: str) -> int:
+    if shape is None:
+        return 0
+    n = numel(shape)
+    if dtype in ("f32", "f16", "bf16", "f64", "i8", "u8", "i16", "u16"):
+        return n * BYTES[precision]   # activations and weights are stored at the node's precision
+    return n * to_numpy(dtype).itemsize  # index tensors, masks, ...
+
+
+def node_timings(g: Graph, dev: Device, shapes: dict, placement: dict[str, str], precision: str,
+                 freq_hz: float) -> list[NodeTiming]:
+    """Per-node timing at clock `freq_hz`; `placement` maps value name -> 'sram' | 'dram'."""
+    cal = dev.calibration
+    mat, vec = dev.unit("matrix"), dev.unit("vector")
+    fused = fusions(g)
+    fused_into: dict[int, list[str]] = {}
+    for a, m in fused.items():
+        fused_into.setdefault(m, []).append(g.nodes[a].name or g.nodes[a].op)
+    out = []
+    t = 0.0
+    for i, n in enumerate(g.nodes):
+        prec = choose_precision(n, g, precision)
+        fam = "fp16" if prec == "fp16" else ("int16" if prec == "int16" else "int8")
+        nt = NodeTiming(n.name or n.full_op, n.full_op, "", prec, start_s=t)
+        in_place = n.op in IN_PLACE and OPS[n.op].attrs_of(n).get("axis") in (1, -3) \
+            and len(shapes.get(n.outputs[0]) or ()) == 4
+        if n.op in FREE_OPS or i in fused or in_place or not n.outputs:
+            nt.fused = ["(fused)"] if i in fused else []
+            out.append(nt)
+            continue
+        ins = [shapes.get(x) if x else None for x in n.inputs]
+        outs = [shapes.get(o) for o in n.outputs]
+        if is_matrix_node(n, shapes) and mat.macs_per_cycle.get(prec, 0) > 0 and all(ins[:2]):
+            nt.unit = mat.name
+            nt.macs = op_macs(n, ins, outs)
+            nt.utilization = matrix_utilization(n, shapes, mat.tile)
+            eff = cal["matrix_efficiency"][fam]
+            rate = mat.count * mat.macs_per_cycle[prec] * nt.utilization * eff * freq_hz
+            nt.compute_s = nt.macs / rate if nt.macs else 0.0
+            # The fused activation's lanes work in the output stage, overlapped.
+        else:
+            nt.unit = vec.name
+            nt.vector_work = vector_work(n, shapes, g)
+            nt.macs = op_macs(n, ins, outs) if n.op in ("conv", "matmul", "gemm") else 0
+            lanes = vec.macs_per_cycle.get(prec) or max(vec.macs_per_cycle.values())
+            nt.utilization = _quant(shapes[n.outputs[0]][1] if len(shapes.get(n.outputs[0]) or ()) > 1 else 1,
+                                    vec.tile[0]) if n.op == "conv" else 1.0
+            rate = vec.count * lanes * cal["vector_efficiency"] * freq_hz
+            nt.compute_s = nt.vector_work / rate
+        # Traffic: every operand read and result written once, at its tier.
+        names = [x for x in n.inputs if x] + [o for o in n.outputs if o]
+        for nm in names:
+            b = value_bytes(shapes.get(nm), prec, g.values[nm].dtype)
+            if placement.get(nm, "dram") == "sram":
+                nt.sram_bytes += b
+            else:
+                nt.dram_bytes += b
+        bursts = math.ceil(nt.dram_bytes / max(int(n.hints.get("burst", dev.burst_bytes)), 1))
+        dram_s = (nt.dram_bytes / (dev.dram.bandwidth_gbps * 1e9)
+                  + bursts * dev.setup_cycles / freq_hz / dev.dma_engines)
+        sram_s = nt.sram_bytes / (dev.sram.bandwidth_gbps * 1e9)
+        nt.transfer_s = dram_s + sram_s
+        p = int(n.hints.get("pipeline", dev.pipeline))
+        c, m = nt.compute_s, nt.transfer_s
+        busy = max(c, m) + min(c, m) / p if p >= 2 else c + m
+        f_top = dev.dvfs[-1].freq_mhz * 1e6
+        nt.overhead_s = dev.op_us * cal["op_us_scale"]["fp16" if fam == "fp16" else "int8"] * 1e-6 * f_top / freq_hz
+        nt.time_s = busy + nt.overhead_s
+        nt.fused = fused_into.get(i, [])
+        t += nt.time_s
+        out.append(nt)
+    return out
+
+
+def graph_overhead_s(dev: Device, precision_family: str, io_bytes: int = 0) -> float:
+    """Per-inference overhead: launch and sync, plus moving the graph's inputs and outputs
+    (host float32 buffers: `io_bytes`) in and out at the calibrated host I/O rate."""
+    return (dev.graph_us * dev.calibration["graph_us_scale"][precision_family] * 1e-6
+            + io_bytes / (dev.calibration["io_gbps"] * 1e9))
+
+
+def io_bytes(g: Graph, shapes: dict) -> int:
+    """Bytes of the graph's inputs and outputs as the host holds them (float32 for floats)."""
+    total = 0
+    for nm in list(g.inputs) + list(g.outputs):
+        s = shapes.get(nm)
+        if s is not None:
+            total += numel(s) * max(to_numpy(g.values[nm].dtype).itemsize, 4 if g.values[nm].dtype.startswith("f") else 1)
+    return total
+
+
+def node_energy(nt: NodeTiming, dev: Device, voltage: float) -> float:
+    """Dynamic energy of one node: MACs (matrix and vector) and bytes moved per tier, scaled by
+    (V / V_ref)^2 for the compute part."""
+    v2 = (voltage / dev.reference_voltage) ** 2
+    e = (nt.macs if nt.unit and nt.unit == dev.unit("matrix").name else nt.vector_work) \
+        * dev.pj_per_mac[nt.precision] * v2
+    e += nt.sram_bytes * dev.pj_per_byte["sram"] + nt.dram_bytes * dev.pj_per_byte["dram"]
+    return e * 1e-12
