@@ -11,7 +11,7 @@ PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(wildcard csrc/*)
 	$(PIP) install -e .
 	touch $@
 

@@ -1,23 +1,28 @@
 """The `cpu` backend: a compiled Program over the host CPU.
 
-Convolutions run the banded im2col + GEMM kernel of `conv.py` with the bias and a following
-activation fused into it (when the activation is the convolution's only reader), spread over
-the Executor's `parallelism` threads. Every other op runs its reference kernel with NumPy's
-BLAS limited to `parallelism` threads. Issue C widens the set of fast kernels; the rule stays:
-each fast kernel is checked against the reference kernel in tests.
+Convolutions run the compiled implicit-GEMM / depthwise kernels of `csrc/` (see
+`nativeconv.py`; `native.py` loads them) with the bias and a following activation fused
+into their epilogue, bands of output rows spread over the Executor's `parallelism` threads.
+Where the compiled kernels are not built or cannot run on this CPU, dense convolutions take
+the NumPy banded im2col kernel of `conv.py` and the reason shows in `npurun info`.
+Activations on float32 run the compiled elementwise kernel; every other op runs its
+reference kernel with NumPy's BLAS limited to `parallelism` threads. Each fast kernel is
+checked against the reference kernel in tests/test_cpu_*.py.
 """
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ...ir.graph import Node
-from ...ir.ops import OPS
 from .. import register
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
-from . import conv
+from . import conv, fuse, native, nativeconv
+
+ACTIVATIONS = native.ACTIVATIONS
+BIG = 1 << 16  # elements; a smaller activation is not worth a second thread
 
 
 class CpuProgram(Program):
@@ -26,44 +31,68 @@ class CpuProgram(Program):
         self.pool = backend.pool
         kernels = dict(KERNELS)
         kernels["conv"] = self._conv
+        if native.LIB is not None:
+            for a in ACTIVATIONS:
+                kernels[a] = self._activation(a)
         super().__init__(graph, kernels, backend.name)
-        self._fuse_activations()
-
-    def _conv(self, x, w, b=None, *, _act=None, _act_attrs=None, **attrs):
-        if not conv.fast_conv_applies(x, w, attrs):
-            y = KERNELS["conv"](x, w, b, **attrs)
-            return y if _act is None else KERNELS[_act](y, **_act_attrs)
-        return conv.conv2d(x, w, b, attrs, _act, _act_attrs, self.pool, self.threads)
-
-    def _fuse_activations(self):
-        """conv -> activation, where the conv runs the banded kernel, the activation is its only
-        reader and its result is not a graph output, becomes one step writing the activation's
-        result."""
-        readers = self.graph.consumers()
-        fused, drop = [], set()
-        self.fused: dict[int, Node] = {}  # id(activation node) -> the conv it was fused into
+        # id(fused-away node) -> the conv that now computes it (ops-report shows this)
+        self.fused = fuse.fuse_epilogues(self, native.LIB is not None)
         for k, (n, fn, attrs, dead) in enumerate(self.steps):
-            if k in drop:
-                continue
-            nxt = self.steps[k + 1] if k + 1 < len(self.steps) else None
-            if (n.op == "conv" and all(rule(n, self.graph) for rule in CpuBackend.rules)
-                    and nxt is not None and nxt[0].op in conv.EPILOGUES
-                    and nxt[0].inputs == [n.outputs[0]] and len(readers.get(n.outputs[0], [])) == 1
-                    and n.outputs[0] not in self.graph.outputs):
-                act = nxt[0]
-                self.fused[id(act)] = n
-                n2 = Node(n.op, n.inputs, act.outputs, n.attrs, n.hints, n.name, n.precision)
-                attrs = {**attrs, "_act": act.op, "_act_attrs": OPS[act.op].attrs_of(act)}
-                fused.append((n2, fn, attrs, [d for d in dead + nxt[3] if d != n.outputs[0]]))
-                drop.add(k + 1)
-            else:
-                fused.append((n, fn, attrs, dead))
-        self.steps = fused
+            if n.op == "conv":  # each conv keeps its packed weights between runs
+                self.steps[k] = (n, fn, {**attrs, "_cache": {}}, dead)
+
+    def _conv(self, x, w, b=None, *, _act=None, _act_attrs=None, _cache=None, **attrs):
+        if nativeconv.applies(x, w, attrs):
+            return nativeconv.conv2d(x, w, b, attrs, _act, _act_attrs, self.pool, self.threads,
+                                     {} if _cache is None else _cache)
+        if conv.fast_conv_applies(x, w, attrs) and (_act is None or _act in conv.EPILOGUES):
+            return conv.conv2d(x, w, b, attrs, _act, _act_attrs, self.pool, self.threads)
+        return _reference_act(KERNELS["conv"](x, w, b, **attrs), _act, _act_attrs)
+
+    def _activation(self, name):
+        ref = KERNELS[name]
+
+        def run(x, *extra, **attrs):
+            if x.dtype != np.float32 or (name == "clip" and not _scalar_bounds(extra)):
+                return ref(x, *extra, **attrs)
+            if name == "clip":
+                attrs = {"_min": None if extra[0] is None else float(extra[0]),
+                         "_max": None if len(extra) < 2 or extra[1] is None else float(extra[1])}
+            code, alpha, beta = native.act_params(name, attrs)
+            x = np.ascontiguousarray(x)
+            y = np.empty_like(x)
+            flat_x, flat_y = x.reshape(-1), y.reshape(-1)
+            parts = self.threads if x.size >= BIG and self.pool is not None else 1
+            edges = [x.size * j // parts for j in range(parts + 1)]
+
+            def part(j):
+                a, b = edges[j], edges[j + 1]
+                native.LIB.npr_activation(native.ptr(flat_x[a:]), native.ptr(flat_y[a:]), b - a, code, alpha, beta)
+            nativeconv._run(part, range(parts), self.pool, parts)
+            return y
+        return run
 
     def run(self, feeds, progress=None):
         # BLAS threads are process-wide; limit them for the duration of this run only.
         with threadpool_limits(limits=self.threads, user_api="blas"):
             return super().run(feeds, progress)
+
+
+def _reference_act(y, act, act_attrs):
+    """A fused activation the fast kernels could not take, by the reference kernels."""
+    if act is None:
+        return y
+    if act == "silu":
+        return y * KERNELS["sigmoid"](y)
+    if act == "clip":
+        lo, hi = act_attrs["_min"], act_attrs["_max"]
+        return KERNELS["clip"](y, None if lo is None else np.array(lo, y.dtype),
+                               None if hi is None else np.array(hi, y.dtype))
+    return KERNELS[act](y, **act_attrs)
+
+
+def _scalar_bounds(extra) -> bool:
+    return all(e is None or e.size == 1 for e in extra)
 
 
 def has_cpu_kernel(node, graph) -> bool:
@@ -72,29 +101,36 @@ def has_cpu_kernel(node, graph) -> bool:
 
 
 def conv_is_2d(node, graph) -> bool:
-    """Not a 2-D convolution; the banded GEMM kernel takes NCHW images only."""
+    """Not a 2-D convolution; the fast conv kernels take NCHW images only."""
     return node.op != "conv" or graph is None or len(graph.values[node.inputs[0]].shape) == 4
 
 
 def conv_is_dense(node, graph) -> bool:
-    """A grouped or depthwise convolution; the banded GEMM kernel takes group=1 only."""
-    return node.op != "conv" or node.attrs.get("group", 1) == 1
+    """A grouped or depthwise convolution, which only the compiled kernels take, and they are
+    not in use here (see `npurun info`)."""
+    return node.op != "conv" or node.attrs.get("group", 1) == 1 or native.LIB is not None
 
 
-def conv_is_float32(node, graph) -> bool:
-    """Not float32; the banded GEMM kernel computes in float32."""
-    return node.op != "conv" or graph is None or graph.values[node.inputs[0]].dtype == "f32"
+def is_float32(node, graph) -> bool:
+    """Not float32; the fast kernels compute in float32."""
+    return graph is None or not node.inputs or graph.values[node.inputs[0]].dtype == "f32"
 
 
-CPU_KERNELS = {"conv"}  # ops with a kernel of the cpu backend's own
+CPU_KERNELS = {"conv"} | (set(ACTIVATIONS) if native.LIB is not None else set())
+
+
+def _doc() -> str:
+    how = ("compiled AVX2/FMA kernels (csrc/)" if native.LIB is not None
+           else f"NumPy kernels only: {native.REASON}")
+    return f"Compiled programs on the host CPU: {how}, fused epilogues, threads = parallelism."
 
 
 @register
 class CpuBackend(Backend):
-    """Compiled programs on the host CPU: banded conv with fused epilogues, threads = parallelism."""
+    __doc__ = _doc()
 
     name = "cpu"
-    rules = (has_cpu_kernel, conv_is_2d, conv_is_dense, conv_is_float32)
+    rules = (has_cpu_kernel, conv_is_2d, conv_is_dense, is_float32)
     fallback = "reference"
 
     def __init__(self, target=None, parallelism=1):
@@ -102,6 +138,6 @@ class CpuBackend(Backend):
         self.pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="npurun-cpu") \
             if parallelism > 1 else None
 
-
     def compile(self, graph):
         return CpuProgram(graph, self)
+

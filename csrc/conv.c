@@ -1,0 +1,147 @@
+/* Convolution kernels of npurun's cpu backend (AVX2 + FMA), called through ctypes with the
+ * GIL released, one call per band of output rows, so Python threads split the work.
+ *
+ * Dense conv = implicit GEMM:  y (M, Ho*Wo) = W (M, K) @ B (K, Ho*Wo),  K = C*kh*kw in (c, ky, kx)
+ * order. B is never built for the image. A tile of the output is MR=4 channels x up to 24
+ * pixels of one output row, held in 12 ymm accumulators. For a stride-1 tile whose window lies
+ * inside the image, B's row k=(c,ky,kx) is the input itself at
+ *     x + c*H*W + (r - pt + ky*dh)*W + (x0 - pl + kx*dw),
+ * contiguous along the tile, so the microkernel loads it in place (no copy). Other tiles
+ * (borders, strides > 1, ragged row ends) gather their (K, 24) slice of im2col into a small
+ * buffer first (zeros where the window hangs over the padding). Either way the B slice
+ * (K x 24 floats) stays in L1 while the microkernel runs it against every block of 4 channels.
+ * Weights come packed as (ceil(M/4), K, 4), zero-padded, by native.py. Bias + activation are
+ * applied in registers before the one store (the epilogue).
+ *
+ * Column blocks of XB pixels are walked row by row, so the kh input rows a row of tiles
+ * reads are still in L2 when the next output row needs them. */
+#include <stdlib.h>
+#include <string.h>
+#include "act.h"
+
+#define MR 4  /* output channels per tile; weights are packed for it */
+
+typedef struct {
+    const float *x; int C, H, W;
+    const float *wp, *bias; int M, kh, kw, sh, sw, dh, dw, pt, pl;
+    int act; float alpha, beta;
+    float *y; int Ho, Wo; long ys;  /* ys: output channel pitch (floats) */
+} conv_args;
+
+/* ---- AVX2: 4 x 24 tiles in 12 ymm accumulators */
+#define VEC __m256
+#define VL 8
+#define NR 24
+#define VLOAD _mm256_loadu_ps
+#define VBCAST _mm256_broadcast_ss
+#define VFMA _mm256_fmadd_ps
+#define VZERO _mm256_setzero_ps
+#define VADD _mm256_add_ps
+#define VSTORE_ACT(dst, v, act, al, be) _mm256_storeu_ps(dst, npr_act(v, act, al, be))
+#define TILE tile_avx2
+#define GATHER gather_avx2
+#define TILES tiles_avx2
+#define CONV2D npr_conv2d_avx2
+#include "conv_tile.h"
+#undef VEC
+#undef VL
+#undef NR
+#undef VLOAD
+#undef VBCAST
+#undef VFMA
+#undef VZERO
+#undef VADD
+#undef VSTORE_ACT
+#undef TILE
+#undef GATHER
+#undef TILES
+#undef CONV2D
+
+/* ---- AVX-512: 4 x 48 tiles in 12 zmm accumulators; the epilogue runs the AVX2 activation
+ * on the two halves of each zmm (it is a small part of the work). */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
+static inline void store_act512(float *dst, __m512 v, int act, __m256 al, __m256 be) {
+    _mm256_storeu_ps(dst, npr_act(_mm512_castps512_ps256(v), act, al, be));
+    _mm256_storeu_ps(dst + 8, npr_act(_mm512_extractf32x8_ps(v, 1), act, al, be));
+}
+#define VEC __m512
+#define VL 16
+#define NR 32
+#define VLOAD _mm512_loadu_ps
+#define VBCAST(p) _mm512_set1_ps(*(p))
+#define VFMA _mm512_fmadd_ps
+#define VZERO _mm512_setzero_ps
+#define VADD _mm512_add_ps
+#define VSTORE_ACT store_act512
+#define TILE tile_avx512
+#define GATHER gather_avx512
+#define TILES tiles_avx512
+#define CONV2D npr_conv2d_avx512
+#include "conv_tile.h"
+#pragma GCC pop_options
+
+/* Depthwise conv (group == C == M), channels [c0, c1) of one image: each output row is a sum
+ * of kh*kw shifted input rows times one weight; plain loops the compiler vectorises. */
+int npr_dwconv2d(const float *x, int C, int H, int W, const float *w, const float *bias,
+                 int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
+                 int act, float alpha, float beta, float *y, int Ho, int Wo, int c0, int c1)
+{
+    /* A zero-padded copy of one channel's rows makes every tap a plain strided read. */
+    int Wp = (Wo - 1) * sw + (kw - 1) * dw + 1 + 8;
+    float *row = aligned_alloc(64, sizeof(float) * (((size_t)kh * Wp + 15) & ~(size_t)15));
+    float *acc = aligned_alloc(64, sizeof(float) * (((size_t)Wo + 15) & ~(size_t)15));
+    if (!row || !acc) { free(row); free(acc); return -1; }
+    __m256 al = _mm256_set1_ps(alpha), be = _mm256_set1_ps(beta);
+    for (int c = c0; c < c1; c++) {
+        const float *xc = x + (long)c * H * W, *wc = w + (long)c * kh * kw;
+        for (int r = 0; r < Ho; r++) {
+            for (int ky = 0; ky < kh; ky++) {
+                float *dst = row + (long)ky * Wp;
+                int iy = r * sh - pt + ky * dh;
+                memset(dst, 0, sizeof(float) * Wp);
+                if (iy < 0 || iy >= H) continue;
+                int lo = pl, hi = W + pl < Wp ? W + pl : Wp;  /* dst[lo:hi] = xc[iy, 0:hi-lo] */
+                if (hi > lo) memcpy(dst + lo, xc + (long)iy * W, sizeof(float) * (hi - lo));
+            }
+            float bv = bias ? bias[c] : 0.0f;
+            for (int j = 0; j < Wo; j++) acc[j] = bv;
+            for (int ky = 0; ky < kh; ky++)
+                for (int kx = 0; kx < kw; kx++) {
+                    const float wv = wc[ky * kw + kx], *src = row + (long)ky * Wp + kx * dw;
+                    if (sw == 1)
+                        for (int j = 0; j < Wo; j++) acc[j] += wv * src[j];
+                    else
+                        for (int j = 0; j < Wo; j++) acc[j] += wv * src[j * sw];
+                }
+            float *yr = y + ((long)c * Ho + r) * Wo;
+            int j = 0;
+            for (; j + 8 <= Wo; j += 8)
+                _mm256_storeu_ps(yr + j, npr_act(_mm256_loadu_ps(acc + j), act, al, be));
+            if (j < Wo) {
+                float t[8] = {0};
+                memcpy(t, acc + j, sizeof(float) * (Wo - j));
+                _mm256_storeu_ps(t, npr_act(_mm256_loadu_ps(t), act, al, be));
+                memcpy(yr + j, t, sizeof(float) * (Wo - j));
+            }
+        }
+    }
+    free(row);
+    free(acc);
+    return 0;
+}
+
+/* y[0:n] = act(x[0:n]) (y may be x): the standalone activation kernel. */
+void npr_activation(const float *x, float *y, long n, int act, float alpha, float beta)
+{
+    __m256 al = _mm256_set1_ps(alpha), be = _mm256_set1_ps(beta);
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, npr_act(_mm256_loadu_ps(x + i), act, al, be));
+    if (i < n) {
+        float t[8] = {0};
+        memcpy(t, x + i, sizeof(float) * (n - i));
+        _mm256_storeu_ps(t, npr_act(_mm256_loadu_ps(t), act, al, be));
+        memcpy(y + i, t, sizeof(float) * (n - i));
+    }
+}

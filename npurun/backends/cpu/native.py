@@ -1,0 +1,94 @@
+"""The cpu backend's compiled kernels (csrc/, built by `pip install` through setup.py), loaded
+with ctypes. ctypes releases the GIL for the length of each call, so Python threads calling
+these kernels on different bands of an image run in parallel.
+
+`LIB` is None when the library is missing or cannot run here; `REASON` then says why, and
+the backend falls back to its NumPy kernels (`npurun info` shows the reason).
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+from pathlib import Path
+
+import numpy as np
+
+# Activations the compiled elementwise kernel and conv epilogue take (silu only as an epilogue).
+ACTIVATIONS = ("relu", "tanh", "sigmoid", "leaky_relu", "clip", "hard_sigmoid", "hard_swish")
+# Activation codes of csrc/act.h; (alpha, beta) come from the node's attributes.
+ACTS = {"relu": 1, "tanh": 2, "sigmoid": 3, "leaky_relu": 4, "clip": 5, "silu": 6,
+        "hard_sigmoid": 7, "hard_swish": 8}
+
+
+def act_params(act: str | None, attrs: dict | None) -> tuple[int, float, float]:
+    """(code, alpha, beta) of an activation for the C epilogue; code 0 is none."""
+    if act is None:
+        return 0, 0.0, 0.0
+    attrs = attrs or {}
+    if act == "leaky_relu":
+        return ACTS[act], float(attrs.get("alpha", 0.01)), 0.0
+    if act == "clip":
+        lo, hi = attrs.get("_min"), attrs.get("_max")
+        return ACTS[act], float(-np.inf if lo is None else lo), float(np.inf if hi is None else hi)
+    if act == "hard_sigmoid":
+        return ACTS[act], float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    if act == "hard_swish":
+        return ACTS[act], 1 / 6, 0.5
+    return ACTS[act], 0.0, 0.0
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _load():
+    here = Path(__file__).parent
+    files = [here / f"_kernels{s}" for s in importlib.machinery.EXTENSION_SUFFIXES]
+    lib_file = next((f for f in files if f.exists()), None)
+    if lib_file is None:
+        return None, ("the compiled kernels are not built (no C compiler at `pip install`?); "
+                      "reinstall with `pip install -e .` where gcc is available")
+    missing = {"avx2", "fma"} - _cpu_flags()
+    if missing:
+        return None, f"this CPU lacks {', '.join(sorted(missing))}, which the compiled kernels need"
+    try:
+        lib = ctypes.CDLL(str(lib_file))
+    except OSError as e:
+        return None, f"{lib_file.name} does not load: {e}"
+    P, I, F, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+    for isa in ("avx2", "avx512"):
+        f = getattr(lib, f"npr_conv2d_{isa}")
+        f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, I, I, L]
+        f.restype = I
+    lib.npr_dwconv2d.argtypes = [P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I]
+    lib.npr_dwconv2d.restype = I
+    lib.npr_activation.argtypes = [P, P, L, I, F, F]
+    lib.npr_activation.restype = None
+    return lib, ""
+
+
+def conv_isas() -> list[str]:
+    """The dense conv kernels this CPU runs, widest first."""
+    return (["avx512"] if "avx512f" in _cpu_flags() and "avx512dq" in _cpu_flags() else []) + ["avx2"]
+
+
+LIB, REASON = _load()
+# The widest kernel by default; NPURUN_CPU_ISA=avx2 forces the narrower one (tests run both).
+ISA = os.environ.get("NPURUN_CPU_ISA") or conv_isas()[0]
+if ISA not in conv_isas():
+    ISA = conv_isas()[-1]
+
+
+def conv2d_fn(isa: str | None = None):
+    return getattr(LIB, f"npr_conv2d_{isa or ISA}")
+
+
+def ptr(a: np.ndarray) -> int:
+    return a.ctypes.data

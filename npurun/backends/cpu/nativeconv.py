@@ -1,0 +1,117 @@
+"""2-D convolution through the compiled kernels (csrc/conv.c): dense and grouped convs as an
+implicit GEMM with the bias and activation fused, depthwise convs as a direct kernel.
+
+Work is split into bands of output rows (dense) or of channels (depthwise), one ctypes call
+per band; ctypes drops the GIL, so the bands run on the backend's threads in parallel.
+Weights are packed once per node, (M, C, kh, kw) -> (ceil(M/4), C*kh*kw, 4), and kept.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..reference.kernels.nn import _window_pads
+from . import native
+from .native import LIB, act_params, ptr
+
+MR = 4  # output channels per microkernel tile (csrc/conv.c)
+MIN_FLOPS_PER_BAND = 2e6  # below this a band costs more to hand to a thread than to run
+
+
+def applies(x, w, attrs) -> bool:
+    return (LIB is not None and x.ndim == 4 and x.dtype == np.float32 and w.dtype == np.float32)
+
+
+def pack(w: np.ndarray, b: np.ndarray | None, group: int):
+    """Per group: weights (ceil(Mg/4), Cg*kh*kw, 4) and bias padded to a multiple of 4."""
+    m = w.shape[0]
+    mg, k = m // group, math.prod(w.shape[1:])
+    mp = -(-mg // MR) * MR
+    out = []
+    for g in range(group):
+        wg = np.zeros((mp, k), np.float32)
+        wg[:mg] = w[g * mg:(g + 1) * mg].reshape(mg, k)
+        bg = np.zeros(mp, np.float32)
+        if b is not None:
+            bg[:mg] = b[g * mg:(g + 1) * mg]
+        out.append((np.ascontiguousarray(wg.reshape(mp // MR, MR, k).transpose(0, 2, 1)), bg))
+    return out
+
+
+def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str | None = None):
+    x = np.ascontiguousarray(x)  # the kernels index a dense (N, C, H, W) block; a view may be strided
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    group = attrs["group"]
+    begin, end, (ho, wo), (sh, sw), (dh, dw) = _window_pads(
+        x.shape, [kh, kw], attrs["strides"], attrs["dilations"], attrs["pads"], attrs["auto_pad"])
+    code, alpha, beta = act_params(act, act_attrs)
+    y = np.empty((n, m, ho, wo), np.float32)
+    flops = 2.0 * m * cg * kh * kw * ho * wo
+    geo = (kh, kw, sh, sw, dh, dw, begin[0], begin[1])
+    if group == c == m and cg == 1:  # depthwise
+        if "dw" not in cache:
+            cache["dw"] = (np.ascontiguousarray(w.reshape(c, kh * kw)),
+                           np.ascontiguousarray(b, np.float32) if b is not None else np.zeros(c, np.float32))
+        wdw, bdw = cache["dw"]
+        bands = _bands(c, threads, flops)
+        jobs = [(i, c0, c1) for i in range(n) for c0, c1 in bands]
+
+        def run_dw(job):
+            i, c0, c1 = job
+            _check(LIB.npr_dwconv2d(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo,
+                                    code, alpha, beta, ptr(y[i]), ho, wo, c0, c1))
+        _run(run_dw, jobs, pool, threads)
+        return y
+    if "packed" not in cache:
+        cache["packed"] = pack(w, b, group)
+    packed = cache["packed"]
+    mg = m // group
+    kernel = native.conv2d_fn(isa)
+    # A pointwise conv sees each channel as one long row: whole tiles even on small images.
+    flat = geo == (1, 1, 1, 1, 1, 1, 0, 0)
+    rows = max(1, ho * wo // 64) if flat else ho  # the flat row splits into bands of 64-pixel groups
+    bands = _bands(rows, threads, flops / group)
+    jobs = [(i, g, r0, r1) for i in range(n) for g in range(group) for r0, r1 in bands]
+
+    def run(job):
+        i, g, r0, r1 = job
+        wp, bp = packed[g]
+        if flat:  # a band of the flat row: a pixel range, passed as a narrower image
+            c0, c1 = r0 * 64, (ho * wo if r1 == rows else r1 * 64)
+            xv, yv = x[i, g * cg:].reshape(-1), y[i, g * mg:].reshape(-1)
+            _check(_flat_band(kernel, xv, yv, c0, c1, cg, mg, ho * wo, wp, bp, code, alpha, beta))
+            return
+        _check(kernel(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo,
+                      code, alpha, beta, ptr(y[i, g * mg:]), ho, wo, r0, r1, 0))
+    _run(run, jobs, pool, threads)
+    return y
+
+
+def _flat_band(kernel, xv, yv, c0, c1, cg, mg, plane, wp, bp, code, alpha, beta) -> int:
+    """Pixels [c0, c1) of a pointwise conv over flat (C, plane) channels: a 1 x (c1-c0) image
+    whose input and output channels keep their pitch `plane`."""
+    return kernel(ptr(xv[c0:]), cg, 1, plane, ptr(wp), ptr(bp), mg, 1, 1, 1, 1, 1, 1, 0, 0,
+                  code, alpha, beta, ptr(yv[c0:]), 1, c1 - c0, 0, 1, plane)
+
+
+def _bands(rows: int, threads: int, flops: float) -> list[tuple[int, int]]:
+    """Split `rows` into about `threads` equal bands, fewer when the work is small."""
+    want = threads * (4 if flops > 1e8 else 1)  # big work: more bands than threads, for balance
+    k = max(1, min(want, rows, int(flops // MIN_FLOPS_PER_BAND)))
+    edges = [round(rows * j / k) for j in range(k + 1)]
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+def _run(fn, jobs, pool, threads):
+    if pool is None or threads == 1 or len(jobs) == 1:
+        for j in jobs:
+            fn(j)
+    else:
+        list(pool.map(fn, jobs))
+
+
+def _check(rc: int):
+    if rc != 0:
+        raise MemoryError("the conv kernel could not allocate its tile buffer")

@@ -1,0 +1,20 @@
+"""Builds the cpu backend's optional C kernels (csrc/) during `pip install`; the rest of the
+package configuration lives in pyproject.toml.
+
+The extension is a plain shared library loaded with ctypes (npurun/backends/cpu/native.py),
+compiled for AVX2 + FMA. It is optional: where there is no C compiler the install still
+succeeds and the cpu backend runs its NumPy kernels, with the reason shown by `npurun info`.
+"""
+import platform
+
+from setuptools import Extension, setup
+
+x86 = platform.machine().lower() in ("x86_64", "amd64")
+ext = Extension(
+    "npurun.backends.cpu._kernels",
+    sources=["csrc/conv.c"],
+    depends=["csrc/act.h", "csrc/conv_tile.h"],
+    extra_compile_args=["-O3", "-mavx2", "-mfma", "-std=c11", "-fno-math-errno"],
+    optional=True,
+)
+setup(ext_modules=[ext] if x86 else [])

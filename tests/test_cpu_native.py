@@ -1,0 +1,130 @@
+"""The cpu backend's compiled kernels (csrc/) against the reference kernels, on fresh random
+non-zero inputs: dense/grouped conv (both ISAs this CPU runs), depthwise conv, the activation
+kernel, and the epilogue fusions of whole programs."""
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import npurun
+from npurun.backends.cpu import native, nativeconv
+from npurun.backends.reference.kernels import KERNELS
+from npurun.ir import parse
+
+from conftest import nonzero_normal
+
+pytestmark = pytest.mark.skipif(native.LIB is None, reason=f"compiled kernels unavailable: {native.REASON}")
+
+CONVS = [  # (N, C, H, W), (M, C/group, kh, kw), attrs
+    ((1, 1, 37, 53), (64, 1, 5, 5), {"pads": [2, 2, 2, 2]}),                      # ESPCN's first layer
+    ((2, 16, 19, 70), (9, 16, 3, 3), {"pads": [1, 1, 1, 1]}),                     # interior tiles + ragged M
+    ((1, 8, 20, 17), (5, 8, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 2]}),
+    ((1, 6, 15, 40), (4, 6, 3, 3), {"dilations": [2, 2]}),
+    ((1, 12, 9, 61), (7, 12, 1, 1), {}),
+    ((1, 3, 8, 8), (2, 3, 2, 4), {"auto_pad": "SAME_UPPER", "strides": [1, 2]}),
+    ((1, 10, 13, 9), (4, 10, 3, 5), {"pads": [0, 2, 1, 1], "dilations": [1, 2]}),
+    ((1, 8, 12, 50), (6, 4, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),           # grouped
+    ((1, 6, 33, 35), (6, 1, 5, 5), {"group": 6, "pads": [2, 2, 2, 2]}),           # depthwise
+    ((1, 5, 16, 21), (5, 1, 3, 3), {"group": 5, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 12, 1, 40), (5, 12, 1, 3), {"pads": [0, 1, 0, 1]}),                      # one-row image (PP-OCR rec)
+    ((1, 7, 1, 300), (6, 7, 1, 1), {}),                                            # flat pointwise, many bands
+]
+ACTS = [None, "relu", "tanh", "sigmoid", "leaky_relu", "clip", "hard_sigmoid", "hard_swish", "silu"]
+
+
+def _attrs(a):
+    return {"strides": None, "pads": None, "dilations": None, "group": 1, "kernel_shape": None,
+            "auto_pad": "NOTSET", **a}
+
+
+def _ref_act(y, act):
+    if act is None:
+        return y
+    if act == "silu":
+        return y * KERNELS["sigmoid"](y)
+    if act == "clip":
+        return KERNELS["clip"](y, np.array(-0.5, np.float32), np.array(0.7, np.float32))
+    if act == "leaky_relu":
+        return KERNELS[act](y, alpha=0.1)
+    if act == "hard_sigmoid":
+        return KERNELS[act](y, alpha=0.3, beta=0.4)
+    return KERNELS[act](y)
+
+
+ACT_ATTRS = {"leaky_relu": {"alpha": 0.1}, "clip": {"_min": -0.5, "_max": 0.7},
+             "hard_sigmoid": {"alpha": 0.3, "beta": 0.4}}
+
+
+@pytest.mark.parametrize("isa", native.conv_isas())
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(CONVS)))
+def test_native_conv_matches_reference(case, threads, isa, rng, monkeypatch):
+    xs, ws, a = CONVS[case]
+    x = nonzero_normal(rng, xs)
+    w = nonzero_normal(rng, ws) * 0.3
+    b = nonzero_normal(rng, ws[:1])
+    monkeypatch.setattr(nativeconv, "MIN_FLOPS_PER_BAND", 1)  # split even these small convs
+    want = KERNELS["conv"](x, w, b, **_attrs(a))
+    with ThreadPoolExecutor(threads) as pool:
+        cache = {}
+        for act in ACTS:  # the same cache: packed weights are reused across calls
+            got = nativeconv.conv2d(x, w, b, _attrs(a), act, ACT_ATTRS.get(act, {}), pool, threads, cache, isa)
+            np.testing.assert_allclose(got, _ref_act(want, act), rtol=1e-4, atol=2e-5, err_msg=f"act={act}")
+
+
+def test_native_conv_of_a_strided_view(rng):
+    """Intermediate values can be views (transpose, slice): the kernel must not assume a layout."""
+    base = nonzero_normal(rng, (1, 40, 1, 12)).transpose(0, 3, 2, 1)  # (1, 12, 1, 40), not contiguous
+    w, a = nonzero_normal(rng, (5, 12, 1, 3)), _attrs({"pads": [0, 1, 0, 1]})
+    got = nativeconv.conv2d(base, w, None, a, None, {}, None, 1, {})
+    np.testing.assert_allclose(got, KERNELS["conv"](base, w, None, **a), rtol=1e-4, atol=2e-5)
+
+
+def test_native_conv_without_bias(rng):
+    x, w = nonzero_normal(rng, (1, 4, 10, 30)), nonzero_normal(rng, (3, 4, 3, 3))
+    got = nativeconv.conv2d(x, w, None, _attrs({"pads": [1, 1, 1, 1]}), None, {}, None, 1, {})
+    np.testing.assert_allclose(got, KERNELS["conv"](x, w, None, **_attrs({"pads": [1, 1, 1, 1]})), rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 1003, 70000])
+@pytest.mark.parametrize("act", native.ACTIVATIONS)
+def test_activation_kernel_matches_reference(act, n, rng):
+    x = nonzero_normal(rng, (n,)) * 6  # reaches the saturated ends of tanh/sigmoid
+    code, alpha, beta = native.act_params(act, ACT_ATTRS.get(act, {}))
+    y = np.empty_like(x)
+    native.LIB.npr_activation(native.ptr(x), native.ptr(y), n, code, alpha, beta)
+    np.testing.assert_allclose(y, _ref_act(x, act), rtol=1e-5, atol=1e-6)
+
+
+SILU = """
+op conv @c1 (x: [1, 3, 9, 20] f32, w: [8, 3, 3, 3] f32, b: [8] f32 -> u: [1, 8, 7, 18] f32)
+op sigmoid @s1 (u: [1, 8, 7, 18] f32 -> s: [1, 8, 7, 18] f32)
+op mul @m1 (u: [1, 8, 7, 18] f32, s: [1, 8, 7, 18] f32 -> v: [1, 8, 7, 18] f32)
+op conv @c2 (v: [1, 8, 7, 18] f32, w2: [4, 2, 1, 1] f32 -> z: [1, 4, 7, 18] f32) group=4
+op clip @k2 (z: [1, 4, 7, 18] f32, lo: [] f32, hi: [] f32 -> out: [1, 4, 7, 18] f32)
+"""
+
+
+def test_silu_and_clip_fuse_into_conv_and_match_reference(rng):
+    g = parse(SILU)
+    for nm, shape in (("w", (8, 3, 3, 3)), ("b", (8,)), ("w2", (4, 2, 1, 1))):
+        g.values[nm].data = nonzero_normal(rng, shape)
+    g.values["lo"].data, g.values["hi"].data = np.array(-0.3, np.float32), np.array(0.4, np.float32)
+    g.inputs = ["x"]
+    prog = npurun.Executor("cpu", parallelism=2).compile(g)
+    assert [(s[0].name, s[2].get("_act")) for s in prog.steps] == [("c1", "silu"), ("c2", "clip")]
+    x = nonzero_normal(rng, (1, 3, 9, 20))
+    want = npurun.Executor("reference").run_sync(g, {"x": x})["out"]
+    for _ in range(2):  # the second run uses the packed weights of the first
+        np.testing.assert_allclose(prog.run({"x": x})["out"], want, rtol=1e-4, atol=2e-5)
+
+
+def test_unfused_activations_run_the_compiled_kernel(rng):
+    g = parse("""
+    op tanh @t (x: [3, 50] f32 -> y: [3, 50] f32)
+    op sigmoid @s (y: [3, 50] f32 -> z: [3, 50] f32)
+    """)
+    g.inputs = ["x"]
+    x = nonzero_normal(rng, (3, 50))
+    got = npurun.Executor("cpu", parallelism=1).run_sync(g, {"x": x})["z"]
+    np.testing.assert_allclose(got, KERNELS["sigmoid"](KERNELS["tanh"](x)), rtol=1e-5, atol=1e-6)
