@@ -56,12 +56,14 @@ def _reduce(ir_op, axes_input: bool):
     return convert
 
 
-# `axes` moved from an attribute to an input at opset 18.
-for _onnx, _ir in (("ReduceProd", "reduce_prod"), ("ReduceSumSquare", "reduce_sum_square"),
-                   ("ReduceL1", "reduce_l1"), ("ReduceL2", "reduce_l2"),
-                   ("ReduceLogSum", "reduce_log_sum"), ("ReduceLogSumExp", "reduce_log_sum_exp")):
+# `axes` moved from an attribute to an input at opset 18 (ReduceSum's at 13).
+for _onnx, _ir, _since in (("ReduceMean", "reduce_mean", 18), ("ReduceSum", "reduce_sum", 13),
+                           ("ReduceMax", "reduce_max", 18), ("ReduceMin", "reduce_min", 18),
+                           ("ReduceProd", "reduce_prod", 18), ("ReduceSumSquare", "reduce_sum_square", 18),
+                           ("ReduceL1", "reduce_l1", 18), ("ReduceL2", "reduce_l2", 18),
+                           ("ReduceLogSum", "reduce_log_sum", 18), ("ReduceLogSumExp", "reduce_log_sum_exp", 18)):
     converter(_onnx)(_reduce(_ir, False))
-    converter(_onnx, since=18)(_reduce(_ir, True))
+    converter(_onnx, since=_since)(_reduce(_ir, True))
 
 
 @converter("Hardmax")

@@ -1,7 +1,6 @@
 """Neural-network ONNX ops: convolution, matrix products, normalization, pooling, softmax, reductions."""
 from __future__ import annotations
 
-import numpy as np
 
 from ..context import ConvertError, Ctx
 from ..dtypes import ir_dtype
@@ -99,23 +98,3 @@ def _softmax(ir_op):
 for _onnx, _ir in (("Softmax", "softmax"), ("LogSoftmax", "log_softmax")):
     converter(_onnx)(_softmax_legacy(_ir))
     converter(_onnx, since=13)(_softmax(_ir))
-
-
-def _reduce(ir_op, axes_input: bool):
-    def convert(ctx: Ctx):
-        ins = [ctx.input(0)]
-        if axes_input:
-            if ctx.input(1):
-                ins.append(ctx.input(1))
-        elif "axes" in ctx.attrs:
-            ins.append(ctx.const(np.array(ctx.attrs["axes"], np.int64), "axes"))
-        ctx.emit(ir_op, ins, [ctx.output(0)], keepdims=ctx.attrs.get("keepdims"),
-                 noop_with_empty_axes=ctx.attrs.get("noop_with_empty_axes"))
-    return convert
-
-
-# ReduceSum moved `axes` to an input at opset 13, the others at 18.
-for _onnx, _ir, _since in (("ReduceMean", "reduce_mean", 18), ("ReduceSum", "reduce_sum", 13),
-                           ("ReduceMax", "reduce_max", 18), ("ReduceMin", "reduce_min", 18)):
-    converter(_onnx)(_reduce(_ir, False))
-    converter(_onnx, since=_since)(_reduce(_ir, True))
