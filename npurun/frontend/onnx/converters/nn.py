@@ -1,7 +1,6 @@
 """Neural-network ONNX ops: convolution, matrix products, normalization, pooling, softmax, reductions."""
 from __future__ import annotations
 
-
 from ..context import ConvertError, Ctx
 from ..dtypes import ir_dtype
 from . import converter
