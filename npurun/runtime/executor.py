@@ -1,19 +1,21 @@
-"""The Executor: owns a device, compiles models for it once, and runs them.
+"""The Executor: owns a device, compiles models for it once, and runs them as tasks.
 
     exe = Executor(device="cpu", parallelism=2, workspace_mb=64)
-    out = await exe.run("espcn.npuir", {"input": x})     # under asyncio
-    out = exe.run_sync(model, x)                          # or blocking
+    out = await exe.run("espcn.npuir", {"input": x}, priority=0, timeout=0.5)   # asyncio
+    fut = exe.submit(model, x, priority=3)                                      # a Future
+    out = exe.run_sync(model, x)                                                # blocking
 
-Runs on one Executor go through one device queue (a single worker thread), so concurrent
-callers never run kernels on top of each other; `parallelism` is how many threads the
-kernels themselves use. The multi-task scheduler (priorities, slices) grows here (issue F).
+Every run is a task of the device's scheduler (scheduler.py), shared by all Executors that
+name the same device: priorities 0 (highest) .. 3, slices at node boundaries, round-robin
+among equals, aging, timeouts and cancellation. `parallelism` is the number of compute
+units (on cpu: the kernel threads; the scheduler runs up to that many slices at once).
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
 import numpy as np
@@ -22,22 +24,31 @@ from ..backends import Program, get_backend
 from ..errors import InputError, NpurunError
 from ..frontend import load
 from ..ir.graph import Graph
+from .device import Device
+from .scheduler import DEFAULT_PRIORITY, TaskFuture
 
 
 class Executor:
-    def __init__(self, device: str = "cpu", parallelism: int | None = None, workspace_mb: int | None = None):
+    def __init__(self, device: str = "cpu", parallelism: int | None = None, workspace_mb: int | None = None,
+                 *, config=None):
         if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
             raise NpurunError(f"parallelism must be a positive integer, got {parallelism!r}")
         if workspace_mb is not None and (not isinstance(workspace_mb, (int, float)) or workspace_mb <= 0):
             raise NpurunError(f"workspace_mb must be a positive number, got {workspace_mb!r}")
+        from .. import config as cfgmod
+        cfg = config if config is not None else cfgmod.load()
         self.device = device
-        self.parallelism = parallelism or os.cpu_count() or 1
+        self.parallelism = parallelism or cfg.get("device", "threads") or os.cpu_count() or 1
         # Recorded for the memory planner (issue E); today no plan is limited by it.
         self.workspace_mb = workspace_mb
         self.backend = get_backend(device, self.parallelism)
+        self.dev = Device.open(device, self.backend, self.parallelism, cfg)
+        self.scheduler = self.dev.scheduler
         self._programs: dict[int, tuple[Graph, Program]] = {}
+        self._costs: dict[tuple, list[int]] = {}
         self._lock = threading.Lock()
-        self._queue = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"npurun-{device}")
+        self._inflight: set[TaskFuture] = set()
+        self._closed = False
 
     def __repr__(self):
         return f"Executor(device={self.device!r}, parallelism={self.parallelism}, workspace_mb={self.workspace_mb})"
@@ -45,6 +56,8 @@ class Executor:
     # --- models
     def compile(self, model) -> Program:
         """The Program for `model` (a Graph or a path), compiled once per graph."""
+        if isinstance(model, Program):
+            return model
         graph = load(model) if isinstance(model, (str, os.PathLike, Path)) else model
         if not isinstance(graph, Graph):
             raise NpurunError(f"expected a model path or an npurun Graph, got {type(model).__name__}")
@@ -66,22 +79,122 @@ class Executor:
             return {program.graph.inputs[0]: inputs}
         raise InputError(f"inputs must be a dict of arrays or one array, got {type(inputs).__name__}")
 
-    # --- running
-    def run_sync(self, model, inputs, progress=None) -> dict[str, np.ndarray]:
-        program = self.compile(model)
-        feeds = self._feeds(program, inputs)
-        return self._queue.submit(program.run, feeds, progress).result()
+    def step_macs(self, program: Program, feeds: dict) -> list[int]:
+        """MACs of each step of `program` for these inputs (0 where shapes are data-dependent)."""
+        try:
+            shapes = {k: tuple(np.shape(v)) for k, v in feeds.items() if isinstance(v, np.ndarray)}
+            key = (id(program), tuple(sorted(shapes.items())))
+            hit = self._costs.get(key)
+            if hit is None:
+                hit = self._costs[key] = program_step_macs(program, shapes)
+            return hit
+        except Exception:  # bad inputs fail in the run itself, with the run's message  # noqa: BLE001
+            return [0] * len(program.steps)
 
-    async def run(self, model, inputs, progress=None) -> dict[str, np.ndarray]:
+    # --- running
+    def submit(self, model, inputs, progress=None, *, priority: int | None = None,
+               timeout: float | None = None, name: str | None = None, profile: bool = False,
+               group: str | None = None) -> TaskFuture:
+        """Queue a run; returns a Future of its outputs (`fut.task` holds its counters)."""
+        if self._closed:
+            raise NpurunError(f"{self!r} is closed")
         program = self.compile(model)
         feeds = self._feeds(program, inputs)
-        return await asyncio.wrap_future(self._queue.submit(program.run, feeds, progress))
+        if priority is None:
+            priority = self.dev.config.get("scheduler", "default_priority")
+        src = program.graph.source
+        fut = self.scheduler.submit(program, feeds, priority=priority, timeout=timeout, progress=progress,
+                                    name=name or (Path(src).stem if src and not src.startswith("<") else program.graph.name),
+                                    step_macs=self.step_macs(program, feeds), profile=profile, owner=self,
+                                    group=group)
+        with self._lock:
+            self._inflight.add(fut)
+        fut.add_done_callback(self._done)
+        return fut
+
+    def _done(self, fut):
+        with self._lock:
+            self._inflight.discard(fut)
+
+    def run_sync(self, model, inputs, progress=None, *, priority: int | None = None,
+                 timeout: float | None = None) -> dict[str, np.ndarray]:
+        return self.submit(model, inputs, progress, priority=priority, timeout=timeout).result()
+
+    async def run(self, model, inputs, progress=None, *, priority: int | None = None,
+                  timeout: float | None = None) -> dict[str, np.ndarray]:
+        fut = self.submit(model, inputs, progress, priority=priority, timeout=timeout)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            fut.cancel()  # the task leaves the device at its next slice boundary
+            raise
+
+    # --- monitoring
+    def stats(self) -> dict:
+        """Device counters (units, utilization inputs, MACs, slices, preemptions, temperature)."""
+        return self.dev.stats()
+
+    def tasks(self) -> list[dict]:
+        """Per-task counters: live tasks first, then recently finished ones."""
+        return self.dev.tasks()
 
     def close(self):
-        self._queue.shutdown(wait=True)
+        """Wait for this Executor's tasks, then refuse new ones."""
+        self._closed = True
+        with self._lock:
+            pending = list(self._inflight)
+        wait_futures(pending)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def program_step_macs(program: Program, shapes: dict) -> list[int]:
+    """Per-step MACs: a step's node is a graph node, or a fused node that stands for a conv and
+    the activation it absorbed (CpuProgram.fused maps the activation to its conv)."""
+    g = program.graph
+    by_id = dict(zip(map(id, g.nodes), concrete_macs(g, shapes)))
+    by_out = {tuple(n.outputs): n for n in g.nodes}
+    fused = getattr(program, "fused", {})
+    out = []
+    for step in program.steps:
+        n = step[0]
+        if id(n) in by_id:
+            out.append(by_id[id(n)])
+            continue
+        act = by_out.get(tuple(n.outputs))
+        m = by_id.get(id(act), 0) if act is not None else 0
+        if act is not None and id(act) in fused:
+            m += by_id.get(id(fused[id(act)]), 0)
+        out.append(m)
+    return out
+
+
+def concrete_macs(g: Graph, shapes: dict) -> list[int]:
+    """MACs per node of `g` for concrete input shapes: the graph's shape inference is run again
+    from those shapes, so dims the graph keeps unknown ('?', e.g. after strided convolutions)
+    become numbers. A node whose shapes stay unknown (data-dependent) counts 0."""
+    from dataclasses import replace
+
+    from ..ir.ops import infer_node, macs
+    vals = dict(g.values)
+    for name in g.inputs:
+        if name in shapes:
+            vals[name] = replace(g.values[name], shape=tuple(shapes[name]))
+    out = []
+    for n in g.nodes:
+        try:
+            res = infer_node(n, vals)
+            for nm, (shape, dtype, kind) in zip(n.outputs, res):
+                if nm:
+                    vals[nm] = replace(g.values[nm], shape=tuple(shape), dtype=dtype, kind=kind)
+            ins = [tuple(vals[i].shape) if i else None for i in n.inputs]
+            outs = [tuple(vals[o].shape) for o in n.outputs if o]
+            known = all(isinstance(d, int) for s in ins + outs if s is not None for d in s)
+            out.append(macs(n, ins, outs) if known else 0)
+        except Exception:  # noqa: BLE001 -- inference needs computed values: count 0
+            out.append(0)
+    return out

@@ -1,0 +1,519 @@
+"""The multi-task scheduler of one device: priorities, slices, round-robin, aging, timeouts.
+
+A *task* is one run of a compiled Program. It is cut into *slices* at node boundaries: the
+Program calls back after every step (its `progress` callback), and there the task either
+keeps its compute unit or gives it up and waits until the scheduler hands one back. So a
+node is never interrupted; a slice is one or more whole nodes.
+
+Rules, evaluated at every submission, slice boundary and completion:
+
+- **Priorities** 0 (highest) .. 3. A task's *effective* priority while it waits is its
+  priority minus one level per `aging` seconds waited (never below 0); while it runs it keeps
+  the level it was dispatched at.
+- **Dispatch.** A free compute unit takes the waiting task with the best effective priority,
+  oldest first. A waiting task is not started beside a running task of a strictly better
+  level: lower priorities never share the device with higher ones (they would steal the
+  kernel threads the higher task uses).
+- **Preemption.** At its next slice boundary a running task gives up its unit when a task of
+  a strictly better level waits or runs.
+- **Round-robin, fair share.** A task that has held its unit for `quantum` seconds gives it
+  up at the next boundary when a task of the same level is waiting whose group (default: the
+  model's name) has had no more device time than its own. Among equals, the group with the
+  least device time goes first, so a stream of short runs and one long run share evenly
+  even when their nodes differ in length.
+- **Aging bound.** A task of priority p that waits reaches level 0 after p*aging seconds; from
+  then on only tasks that were already waiting at level 0 before it are served first, each
+  for at most one quantum plus one node. So its wait for a slice is at most
+  p*aging + K*(quantum + longest node)/lanes, K being those tasks (see docs/scheduler.md).
+- **Timeouts and cancellation** act at once on a waiting task and at the next slice
+  boundary on a running one. The task's intermediate values live only in the frames of its
+  run; they are released when it stops (frames cleared from the traceback it fails with).
+- **Lanes.** A slice occupies `width` compute units at once (on cpu: all of them, since its
+  kernels spread over every thread; a backend whose kernels use one unit has width 1), so
+  units // width *lanes* run slices side by side.
+- **Duty cycle** (thermal governor): with duty d < 1 a lane that ran a slice of b seconds
+  rests b*(1-d)/d seconds before it takes the next one, and slices end after one quantum.
+  `active_units` (<= units) limits how many units (so lanes) are used at all.
+
+Time comes from `clock` (time.monotonic by default) so tests drive it with a fake clock.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import traceback
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+
+from ..errors import NpurunError
+
+PRIORITIES = (0, 1, 2, 3)
+DEFAULT_PRIORITY = 2
+
+WAITING, RUNNING, DONE = "waiting", "running", "done"
+
+
+class TaskCancelled(NpurunError):
+    """The task was cancelled before it finished."""
+
+
+class TaskTimeout(NpurunError):
+    """The task did not finish within its timeout."""
+
+
+class TaskFuture(Future):
+    """A Future whose `cancel()` also stops a task that is running: it resolves as cancelled at
+    once and the task leaves the device at its next slice boundary."""
+
+    task: "Task"
+
+    def cancel(self) -> bool:
+        ok = super().cancel()
+        if ok:
+            self.task.scheduler._cancelled(self.task)
+        return ok
+
+
+@dataclass(eq=False)
+class Task:
+    """One model run: its program and inputs, its place in the queue, and its counters."""
+    id: int
+    name: str
+    priority: int
+    program: object
+    feeds: dict | None
+    scheduler: "Scheduler"
+    future: TaskFuture
+    deadline: float | None = None
+    timeout: float | None = None
+    user_progress: object = None
+    step_macs: list = field(default_factory=list)
+    trace: list | None = None  # (step, node label, lane, t0, t1) per step, when profiling
+    owner: object = None  # the Executor that submitted it
+    group: str = ""  # fair-share group among equal priorities (default: the name)
+    # state
+    state: str = WAITING
+    level: int = 0  # effective priority it was dispatched at
+    lane: int | None = None
+    started: bool = False
+    ready_since: float = 0.0
+    seq: int = 0  # order of becoming ready, for FIFO among equals
+    slice_start: float = 0.0
+    step_start: float = 0.0
+    wake: bool = False
+    finished: threading.Event = field(default_factory=threading.Event)  # set once its frames are gone
+    # counters
+    submitted_at: float = 0.0
+    finished_at: float | None = None
+    queue_wait: float = 0.0
+    max_wait: float = 0.0
+    run_time: float = 0.0
+    slices: int = 0
+    preemptions: int = 0
+    steps_done: int = 0
+    steps_total: int = 0
+    macs_done: int = 0
+    outcome: str = ""  # ok | failed | cancelled | timeout
+    error: str = ""
+
+    @property
+    def macs_total(self) -> int:
+        return sum(self.step_macs)
+
+    def snapshot(self, now: float) -> dict:
+        run = self.run_time + (now - self.slice_start if self.state == RUNNING else 0.0)
+        wait = self.queue_wait + (now - self.ready_since if self.state == WAITING else 0.0)
+        return {"id": self.id, "name": self.name, "priority": self.priority, "state": self.state,
+                "outcome": self.outcome, "error": self.error, "lane": self.lane,
+                "steps_done": self.steps_done, "steps_total": self.steps_total,
+                "macs_done": self.macs_done, "macs_total": self.macs_total,
+                "run_s": run, "queue_wait_s": wait, "max_wait_s": max(self.max_wait, wait if self.state == WAITING else 0.0),
+                "slices": self.slices, "preemptions": self.preemptions,
+                "macs_per_s": self.macs_done / run if run > 0 else 0.0,
+                "age_s": (self.finished_at or now) - self.submitted_at}
+
+
+class Scheduler:
+    """Runs tasks on `units` compute units of one device, `width` units per slice. Shared by
+    every Executor of the device; thread-safe. Each started task runs in its own thread (its
+    run's frames live there between slices); at most one task per active lane holds it."""
+
+    def __init__(self, units: int, quantum: float = 0.010, aging: float = 0.200,
+                 clock=time.monotonic, name: str = "device", width: int = 1):
+        if not isinstance(units, int) or units < 1:
+            raise NpurunError(f"a device needs at least one compute unit, got {units!r}")
+        if quantum <= 0 or aging <= 0:
+            raise NpurunError(f"quantum and aging must be positive, got {quantum!r} and {aging!r}")
+        self.name = name
+        self.units = units
+        self.width = max(1, min(units, int(width)))
+        self.lanes = units // self.width
+        self.active_lanes = self.lanes
+        self.quantum = quantum
+        self.aging = aging
+        self.duty = 1.0
+        self.clock = clock
+        self._cv = threading.Condition(threading.Lock())
+        self._ids = itertools.count(1)
+        self._seq = itertools.count()
+        self._waiting: list[Task] = []
+        self._vtime: dict[str, float] = {}  # device seconds served per group (fair share)
+        self._running: dict[int, Task] = {}  # lane -> task
+        self._rest_until = [0.0] * self.lanes  # duty cycling: lane may take work from then on
+        self._paused = False
+        self._watchdog: threading.Thread | None = None
+        self.recent: list[dict] = []  # snapshots of finished tasks, newest last (bounded)
+        self.live: dict[int, Task] = {}
+        # device counters
+        self.created = clock()
+        self.lane_busy = [0.0] * self.lanes
+        self.counts = {"submitted": 0, "ok": 0, "failed": 0, "cancelled": 0, "timeout": 0}
+        self.slices = 0
+        self.preemptions = 0
+        self.macs_done = 0
+        self.steps_done = 0
+        self.listeners: list = []  # fn(event, task) for the monitor; called outside the lock
+
+    # ------------------------------------------------------------------ public
+    def submit(self, program, feeds, *, priority: int = DEFAULT_PRIORITY, timeout: float | None = None,
+               name: str = "", progress=None, step_macs=None, profile=False, owner=None,
+               group: str | None = None) -> TaskFuture:
+        if priority not in PRIORITIES:
+            raise NpurunError(f"priority must be one of 0 (highest), 1, 2, 3, got {priority!r}")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise NpurunError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        fut = TaskFuture()
+        now = self.clock()
+        steps = len(program.steps)
+        task = Task(next(self._ids), name or getattr(program.graph, "name", "task"), priority, program, feeds,
+                    self, fut, deadline=None if timeout is None else now + timeout, timeout=timeout,
+                    user_progress=progress, step_macs=list(step_macs or [0] * steps),
+                    trace=[] if profile else None, owner=owner, submitted_at=now, steps_total=steps)
+        task.group = group or task.name
+        fut.task = task
+        with self._cv:
+            self.counts["submitted"] += 1
+            self.live[task.id] = task
+            self._join_group(task.group)
+            self._enqueue(task, now)
+            started = self._dispatch(now)
+            self._ensure_watchdog()
+        self._start(started)
+        return fut
+
+    def pause(self):
+        """Start no new slice until `resume()` (running slices finish their current node)."""
+        with self._cv:
+            self._paused = True
+
+    def resume(self):
+        with self._cv:
+            self._paused = False
+            started = self._dispatch(self.clock())
+            self._cv.notify_all()
+        self._start(started)
+
+    def set_operating(self, active_units: int | None = None, duty: float | None = None):
+        """The knobs the thermal governor turns on a CPU: units in use and duty cycle."""
+        with self._cv:
+            if active_units is not None:
+                self.active_lanes = max(1, min(self.lanes, int(active_units) // self.width))
+            if duty is not None:
+                self.duty = min(1.0, max(0.05, float(duty)))
+            started = self._dispatch(self.clock())
+            self._cv.notify_all()
+        self._start(started)
+
+    def tasks(self) -> list[dict]:
+        """Snapshots of live tasks then recently finished ones."""
+        with self._cv:
+            now = self.clock()
+            return [t.snapshot(now) for t in self.live.values()] + self.recent[::-1]
+
+    def stats(self) -> dict:
+        with self._cv:
+            now = self.clock()
+            busy = list(self.lane_busy)
+            for lane, t in self._running.items():
+                busy[lane] += now - t.slice_start
+            return {"name": self.name, "units": self.units, "width": self.width, "lanes": self.lanes,
+                    "active_units": self.active_lanes * self.width,
+                    "unit_busy_s": [busy[u // self.width] for u in range(self.lanes * self.width)],
+                    "duty": self.duty, "quantum_s": self.quantum, "aging_s": self.aging,
+                    "uptime_s": now - self.created, "lane_busy_s": busy,
+                    "running": len(self._running), "waiting": len(self._waiting),
+                    "tasks": dict(self.counts), "slices": self.slices, "preemptions": self.preemptions,
+                    "macs_done": self.macs_done, "steps_done": self.steps_done}
+
+    def wait_bound(self, priority: int, ahead: int = 0, longest_node: float = 0.0) -> float:
+        """The stated bound on how long a waiting task of `priority` waits for its next slice."""
+        return priority * self.aging + ahead * (self.quantum + longest_node) / self.active_lanes
+
+    # ------------------------------------------------------------------ decisions (lock held)
+    def _enqueue(self, task: Task, now: float):
+        task.state, task.lane = WAITING, None
+        task.ready_since = now
+        task.seq = next(self._seq)
+        self._waiting.append(task)
+
+    def _join_group(self, group: str):
+        """Fair share among equals is kept per group (default: the model's name), so a stream
+        of short tasks and one long task get equal device time. A group (re)joining starts at
+        the least service of the groups present, keeping at most `aging` of earlier credit."""
+        live = [self._vtime[t.group] for t in self.live.values() if t.group != group and t.group in self._vtime]
+        least = min(live) if live else 0.0
+        self._vtime[group] = max(self._vtime[group], least - self.aging) if group in self._vtime else least
+        if len(self._vtime) > 512:  # forget groups with no live task
+            keep = {t.group for t in self.live.values()}
+            self._vtime = {g: v for g, v in self._vtime.items() if g in keep}
+
+    def _order(self, task: Task, now: float):
+        """Dispatch order: effective level; at a level, aged tasks first (oldest first, which
+        is what bounds their wait), then the group with the least device time, then FIFO."""
+        eff = self._eff(task, now)
+        aged = eff < task.priority
+        return (eff, 0 if aged else 1, task.seq if aged else self._vtime.get(task.group, 0.0), task.seq)
+
+    def _eff(self, task: Task, now: float) -> int:
+        return max(0, task.priority - int((now - task.ready_since) / self.aging))
+
+    def _best_running_level(self) -> int | None:
+        return min((t.level for t in self._running.values()), default=None)
+
+    def _dispatch(self, now: float) -> list[Task]:
+        """Give free units to waiting tasks; returns tasks that need a thread started."""
+        if self._paused:
+            return []
+        to_start = []
+        while self._waiting:
+            free = [ln for ln in range(self.active_lanes) if ln not in self._running and self._rest_until[ln] <= now]
+            if not free:
+                break
+            best = min(self._waiting, key=lambda t: self._order(t, now))
+            level = self._eff(best, now)
+            top = self._best_running_level()
+            if top is not None and level > top:
+                break  # never start a lower level beside a higher one
+            self._waiting.remove(best)
+            wait = now - best.ready_since
+            best.queue_wait += wait
+            best.max_wait = max(best.max_wait, wait)
+            best.state, best.lane, best.level = RUNNING, free[0], level
+            best.slice_start = best.step_start = now
+            best.slices += 1
+            self.slices += 1
+            self._running[best.lane] = best
+            if best.started:
+                best.wake = True
+            else:
+                best.started = True
+                to_start.append(best)
+        if any(t.wake for t in self._running.values()):
+            self._cv.notify_all()
+        return to_start
+
+    def _should_yield(self, task: Task, now: float) -> str | None:
+        """'preempted', 'quantum' or None: whether `task` gives up its unit at this boundary."""
+        if task.lane >= self.active_lanes:
+            return "quantum"  # the governor took this unit away
+        for t in self._running.values():
+            if t is not task and t.level < task.level:
+                return "preempted"
+        waiting = [(self._eff(t, now), t) for t in self._waiting]
+        if any(lv < task.level for lv, _ in waiting):
+            return "preempted"
+        if now - task.slice_start >= self.quantum:
+            mine = self._vtime[task.group] + (now - task.slice_start)
+            if self.duty < 1.0 or any(lv < task.level or (lv == task.level and (
+                    lv < t.priority or self._vtime[t.group] <= mine)) for lv, t in waiting):
+                return "quantum"
+        return None
+
+    def _release(self, task: Task, now: float):
+        """Task leaves its unit (lock held)."""
+        ran = now - task.slice_start
+        task.run_time += ran
+        self._vtime[task.group] = self._vtime.get(task.group, 0.0) + ran
+        self.lane_busy[task.lane] += ran
+        if self.duty < 1.0:
+            self._rest_until[task.lane] = now + ran * (1 - self.duty) / self.duty
+        del self._running[task.lane]
+        task.lane = None
+
+    def _check_stop(self, task: Task, now: float) -> NpurunError | None:
+        if task.future.cancelled():
+            return TaskCancelled(f"task {task.id} ({task.name}) was cancelled")
+        if task.deadline is not None and now >= task.deadline:
+            return TaskTimeout(f"task {task.id} ({task.name}) did not finish within its timeout of "
+                               f"{task.timeout:g} s ({task.steps_done} of {task.steps_total} nodes done)")
+        return None
+
+    # ------------------------------------------------------------------ task threads
+    def _start(self, tasks: list[Task]):
+        for t in tasks:
+            threading.Thread(target=self._task_main, args=(t,), name=f"npurun-task-{t.id}", daemon=True).start()
+
+    def _task_main(self, task: Task):
+        result = error = None
+        try:
+            err = self._check_stop(task, self.clock())
+            if err:
+                raise err
+            result = task.program.run(task.feeds, progress=lambda i, n, label: self._boundary(task, i, label))
+        except BaseException as e:  # noqa: BLE001 -- every failure goes to the task's future
+            error = e
+        task.feeds = None
+        started = self._finish(task, error)
+        self._start(started)
+        if error is not None:
+            _drop_frames(error)
+        self._resolve(task, result, error)
+        del result, error
+        task.finished.set()
+
+    def _boundary(self, task: Task, step: int, label: str):
+        """Called by the Program after each step: account, then keep the unit or wait."""
+        if task.user_progress:
+            task.user_progress(step, task.steps_total, label)
+        with self._cv:
+            now = self.clock()
+            if task.trace is not None:
+                task.trace.append((step - 1, label, task.lane, task.step_start, now))
+            m = task.step_macs[step - 1] if step - 1 < len(task.step_macs) else 0
+            task.macs_done += m
+            task.steps_done = step
+            self.macs_done += m
+            self.steps_done += 1
+            err = self._check_stop(task, now)
+            if err is not None:
+                raise err  # _finish releases the unit
+            if step == task.steps_total:
+                return
+            why = self._should_yield(task, now)
+            started = []
+            if why:
+                if why == "preempted":
+                    task.preemptions += 1
+                    self.preemptions += 1
+                self._release(task, now)
+                self._enqueue(task, now)
+                started = self._dispatch(now)
+                self._ensure_watchdog()
+        self._start(started)
+        if not why:
+            task.step_start = now
+            return
+        self._emit("yield", task)
+        with self._cv:
+            while not task.wake:
+                now = self.clock()
+                err = self._check_stop(task, now)
+                if err is not None:
+                    if task in self._waiting:
+                        self._waiting.remove(task)
+                        task.queue_wait += now - task.ready_since
+                    raise err
+                wait = None if task.deadline is None else max(0.0, task.deadline - now)
+                self._cv.wait(timeout=wait if wait is not None else 1.0)
+            task.wake = False
+            task.step_start = self.clock()
+
+    def _finish(self, task: Task, error) -> list[Task]:
+        with self._cv:
+            now = self.clock()
+            if task.lane is not None:
+                self._release(task, now)
+            if task in self._waiting:
+                self._waiting.remove(task)
+            task.state, task.finished_at = DONE, now
+            task.outcome = ("ok" if error is None else "cancelled" if isinstance(error, TaskCancelled)
+                            else "timeout" if isinstance(error, TaskTimeout) else "failed")
+            task.error = "" if error is None else str(error)
+            self.counts[task.outcome] += 1
+            self.live.pop(task.id, None)
+            self.recent.append(task.snapshot(now))  # a snapshot: no arrays kept
+            del self.recent[:-64]
+            started = self._dispatch(now)
+            self._cv.notify_all()
+        return started
+
+    def _resolve(self, task: Task, result, error):
+        fut = task.future
+        try:
+            if error is None:
+                fut.set_result(result)
+            elif not isinstance(error, TaskCancelled):
+                fut.set_exception(error)
+            elif not fut.cancelled():
+                fut.cancel()
+        except InvalidStateError:
+            pass  # cancelled meanwhile; the result is dropped
+        self._emit("done", task)
+
+    def _cancelled(self, task: Task):
+        """The future was cancelled: a waiting task that never started is dropped now."""
+        with self._cv:
+            if task.started or task.state == DONE:
+                self._cv.notify_all()  # a parked task wakes and stops
+                return
+            if task in self._waiting:
+                self._waiting.remove(task)
+        self._finish_unstarted(task, TaskCancelled(f"task {task.id} ({task.name}) was cancelled"))
+
+    def _finish_unstarted(self, task: Task, error):
+        task.feeds = None
+        self._start(self._finish(task, error))
+        self._resolve(task, None, error)
+        task.finished.set()
+
+    def _emit(self, event, task):
+        for fn in list(self.listeners):
+            try:
+                fn(event, task)
+            except Exception:  # a broken listener never breaks a task  # noqa: BLE001
+                pass
+
+    # ------------------------------------------------------------------ watchdog
+    def _ensure_watchdog(self):
+        """One thread per scheduler: times out waiting tasks that never started, and hands
+        out units again when a rest period (duty cycling) ends."""
+        if self._watchdog is None or not self._watchdog.is_alive():
+            self._watchdog = threading.Thread(target=self._watch, name=f"npurun-sched-{self.name}", daemon=True)
+            self._watchdog.start()
+
+    def _watch(self):
+        while True:
+            expired, started = [], []
+            with self._cv:
+                now = self.clock()
+                for t in list(self._waiting):
+                    if not t.started and t.deadline is not None and now >= t.deadline:
+                        self._waiting.remove(t)
+                        expired.append(t)
+                started = self._dispatch(now)
+                wakes = [t.deadline for t in self._waiting if t.deadline is not None]
+                wakes += [r for r in self._rest_until if r > now]
+                if not self._waiting and not self._running and not expired and not started:
+                    self._watchdog = None
+                    return
+                delay = min((w - now for w in wakes), default=0.05)
+                if not expired and not started:
+                    self._cv.wait(timeout=min(0.05, max(0.001, delay)))
+            for t in expired:
+                self._finish_unstarted(t, TaskTimeout(
+                    f"task {t.id} ({t.name}) did not finish within its timeout of {t.timeout:g} s "
+                    f"(it waited in the queue and never started)"))
+            self._start(started)
+
+
+def _drop_frames(error: BaseException):
+    """Clear the locals of every frame in the error's tracebacks (and its causes), so the
+    failed run's intermediate arrays are freed now, not when the error object dies."""
+    seen = set()
+    e = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__

@@ -1,0 +1,379 @@
+"""The multi-task scheduler: priorities, preemption at node boundaries, round-robin, aging,
+timeouts, cancellation and faults. Programs here are chains of tiny nodes whose kernels log
+their order and advance a fake clock, so every assertion is about order and counters, never
+about wall-clock time."""
+import asyncio
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import npurun
+from npurun.backends.base import Program
+from npurun.errors import NpurunError
+from npurun.ir import parse
+from npurun.runtime.scheduler import Scheduler, TaskCancelled, TaskTimeout
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self):
+        return self.t
+
+    def advance(self, dt):
+        with self.lock:
+            self.t += dt
+
+
+class Chain:
+    """A program of `n` nodes; node i logs (name, i), advances the clock by `dt`, runs hooks[i]
+    (if any) and returns a fresh array, remembered by a weak reference."""
+
+    def __init__(self, name, n, log, clock=None, dt=1.0, hooks=None):
+        text = "\n".join(f"op relu @{name}{i} ({'x' if i == 0 else f'v{i - 1}'}: [256] f32 -> v{i}: [256] f32)"
+                         for i in range(n))
+        g = parse(text)
+        g.name = name
+        self.name, self.log, self.clock, self.dt, self.hooks = name, log, clock, dt, hooks or {}
+        self.refs = []
+        self.calls = 0
+        self.program = Program(g, {"relu": self.kernel}, "test")
+
+    def kernel(self, x):
+        i = self.calls
+        self.calls += 1
+        self.log.append((self.name, i))
+        if self.clock is not None:
+            self.clock.advance(self.dt)
+        if i in self.hooks:
+            self.hooks[i]()
+        y = x + 1
+        self.refs.append(weakref.ref(y))
+        return y
+
+
+X = {"x": np.zeros(256, np.float32)}
+
+
+def names(log):
+    return [n for n, _ in log]
+
+
+def test_priorities_order_waiting_tasks():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    s.pause()
+    futs = [s.submit(Chain(nm, 2, log, clock).program, X, priority=p) for nm, p in [("low", 3), ("mid", 1), ("high", 0)]]
+    s.resume()
+    for f in futs:
+        np.testing.assert_array_equal(f.result(timeout=10)["v1"], np.full(256, 2, np.float32))
+    assert names(log) == ["high", "high", "mid", "mid", "low", "low"]
+
+
+def test_higher_priority_arrival_preempts_at_the_next_node():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    hi = Chain("hi", 3, log, clock)
+    box = {}
+    lo = Chain("lo", 6, log, clock, hooks={2: lambda: box.setdefault("hi", s.submit(hi.program, X, priority=0))})
+    f = s.submit(lo.program, X, priority=3)
+    f.result(timeout=10)
+    box["hi"].result(timeout=10)
+    assert log == [("lo", 0), ("lo", 1), ("lo", 2), ("hi", 0), ("hi", 1), ("hi", 2),
+                   ("lo", 3), ("lo", 4), ("lo", 5)]
+    assert (f.task.preemptions, f.task.slices) == (1, 2)
+    assert (box["hi"].task.preemptions, box["hi"].task.slices) == (0, 1)
+    assert s.stats()["preemptions"] == 1
+
+
+def test_equal_priorities_share_by_round_robin_with_the_quantum():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=2.0, aging=1000, clock=clock)  # 2 nodes of 1 fake second each
+    s.pause()
+    fa = s.submit(Chain("a", 6, log, clock).program, X, priority=2)
+    fb = s.submit(Chain("b", 6, log, clock).program, X, priority=2)
+    s.resume()
+    fa.result(timeout=10), fb.result(timeout=10)
+    assert names(log) == ["a", "a", "b", "b"] * 3
+    assert fa.task.slices == fb.task.slices == 3
+    assert fa.task.preemptions == 0  # turns at the quantum are not preemptions
+
+
+def _stream(s, log, clock, count, priority=0):
+    """A saturating stream: each 2-node task submits the next one from its last node."""
+    futs = []
+
+    def next_task():
+        if len(futs) < count:
+            futs.append(s.submit(Chain(f"hi{len(futs)}", 2, log, clock, hooks={1: next_task}).program, X,
+                                 priority=priority))
+    next_task()
+    return futs
+
+
+def test_aging_bounds_the_wait_of_a_low_priority_task_under_a_saturating_stream():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=1.0, aging=5.0, clock=clock)
+    s.pause()
+    low = s.submit(Chain("low", 4, log, clock).program, X, priority=3)
+    stream = _stream(s, log, clock, 60)
+    s.resume()
+    low.result(timeout=10)
+    while len(stream) < 60:
+        stream[-1].result(timeout=10)
+    for f in stream:
+        f.result(timeout=10)
+    done_at = names(log).index("low") if "low" in names(log) else None
+    assert done_at is not None
+    # low finished long before the stream did: it was not starved
+    last_low = max(i for i, n in enumerate(names(log)) if n == "low")
+    assert last_low < len(log) - 20
+    # and each of its waits stayed within the stated bound (fake seconds: nodes take 1.0)
+    bound = s.wait_bound(3, ahead=1, longest_node=1.0)
+    assert low.task.max_wait <= bound, (low.task.max_wait, bound)
+
+
+def test_without_aging_the_low_priority_task_waits_for_the_whole_stream():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=1.0, aging=1e9, clock=clock)
+    s.pause()
+    low = s.submit(Chain("low", 4, log, clock).program, X, priority=3)
+    stream = _stream(s, log, clock, 10)
+    s.resume()
+    low.result(timeout=10)
+    assert names(log)[-4:] == ["low"] * 4 and len(stream) == 10
+
+
+def test_timeout_of_a_running_task_acts_at_the_next_node_and_frees_its_values():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    c = Chain("slow", 8, log, clock)
+    f = s.submit(c.program, X, priority=1, timeout=2.5)
+    with pytest.raises(TaskTimeout, match=r"within its timeout of 2.5 s \(3 of 8 nodes done\)"):
+        f.result(timeout=10)
+    f.task.finished.wait(10)
+    gc.collect()
+    assert len(log) == 3 and all(r() is None for r in c.refs)
+    assert f.task.outcome == "timeout" and s.stats()["tasks"]["timeout"] == 1
+
+
+def test_timeout_of_a_task_that_never_started():
+    go, inside = threading.Event(), threading.Event()
+    log = []
+    s = Scheduler(1, quantum=100, aging=1000)  # real clock: only outcomes are checked
+
+    def block():
+        inside.set()
+        go.wait(10)
+    blocker = s.submit(Chain("blocker", 2, log, hooks={0: block}).program, X, priority=0)
+    inside.wait(10)
+    late = s.submit(Chain("late", 2, log).program, X, priority=0, timeout=0.01)
+    with pytest.raises(TaskTimeout, match="never started"):
+        late.result(timeout=10)
+    go.set()
+    blocker.result(timeout=10)
+    assert "late" not in names(log)
+
+
+def test_cancelling_a_task_that_holds_the_device_frees_its_values_and_others_continue():
+    go, inside = threading.Event(), threading.Event()
+    log = []
+    s = Scheduler(1, quantum=100, aging=1000)
+
+    def block():
+        inside.set()
+        go.wait(10)
+    victim = Chain("victim", 6, log, hooks={1: block})
+    other = Chain("other", 3, log)
+    fv = s.submit(victim.program, X, priority=1)
+    fo = s.submit(other.program, X, priority=1)
+    inside.wait(10)
+    assert fv.task.state == "running"
+    assert fv.cancel()  # resolves now; the task leaves at its next node boundary
+    go.set()
+    fv.task.finished.wait(10)
+    np.testing.assert_array_equal(fo.result(timeout=10)["v2"], np.full(256, 3, np.float32))
+    gc.collect()
+    assert names(log).count("victim") == 2 and all(r() is None for r in victim.refs)
+    assert fv.task.outcome == "cancelled" and fv.cancelled()
+
+
+def test_a_kernel_that_raises_fails_its_task_only_and_keeps_no_values():
+    log = []
+    s = Scheduler(1, quantum=100, aging=1000)
+
+    def boom():
+        raise ValueError("bad tile")
+    bad = Chain("bad", 5, log, hooks={2: boom})
+    good = Chain("good", 3, log)
+    fb = s.submit(bad.program, X, priority=0)
+    fg = s.submit(good.program, X, priority=1)
+    with pytest.raises(NpurunError, match=r"node 'bad2' \(relu\) failed on inputs \(float32\[256\]\): ValueError: bad tile"):
+        fb.result(timeout=10)
+    fb.task.finished.wait(10)
+    fg.result(timeout=10)
+    err = fb.exception()
+    gc.collect()
+    assert all(r() is None for r in bad.refs), "the failed task's intermediate values are still alive"
+    assert err is not None and fb.task.outcome == "failed"
+    assert s.stats()["tasks"] == {"submitted": 2, "ok": 1, "failed": 1, "cancelled": 0, "timeout": 0}
+
+
+def test_equal_priorities_run_side_by_side_on_two_units():
+    barrier = threading.Barrier(2, timeout=10)
+    log = []
+    s = Scheduler(2, quantum=100, aging=1000)
+    fa = s.submit(Chain("a", 2, log, hooks={0: barrier.wait}).program, X, priority=2)
+    fb = s.submit(Chain("b", 2, log, hooks={0: barrier.wait}).program, X, priority=2)
+    fa.result(timeout=20), fb.result(timeout=20)  # a broken barrier would fail both
+
+
+def test_a_lower_priority_task_never_runs_beside_a_higher_one():
+    go, inside = threading.Event(), threading.Event()
+    log = []
+    s = Scheduler(2, quantum=100, aging=1000)
+
+    def block():
+        inside.set()
+        go.wait(10)
+    fh = s.submit(Chain("hi", 2, log, hooks={0: block}).program, X, priority=0)
+    inside.wait(10)
+    fl = s.submit(Chain("lo", 2, log).program, X, priority=3)
+    assert fl.task.state == "waiting" and s.stats()["running"] == 1  # a unit is free, yet lo waits
+    go.set()
+    fh.result(timeout=10), fl.result(timeout=10)
+    assert names(log) == ["hi", "hi", "lo", "lo"]
+
+
+def test_duty_cycle_and_units_in_use_are_obeyed():
+    clock, log = FakeClock(), []
+    s = Scheduler(2, quantum=1.0, aging=1000, clock=clock)
+    s.set_operating(active_units=1, duty=0.5)
+    f = s.submit(Chain("a", 4, log, clock).program, X, priority=2)
+    # with a fake clock the rests never end by themselves: advance time from here
+    while not f.done():
+        clock.advance(1.0)
+        f.task.finished.wait(0.01)
+    f.result()
+    assert f.task.slices == 4  # one quantum (one node) per slice, a rest after each
+    assert s.stats()["lane_busy_s"][1] == 0.0  # the second unit was never used
+
+
+def test_bad_priority_and_timeout_are_clear_errors():
+    s = Scheduler(1)
+    p = Chain("a", 1, []).program
+    with pytest.raises(NpurunError, match=r"priority must be one of 0 \(highest\), 1, 2, 3, got 7"):
+        s.submit(p, X, priority=7)
+    with pytest.raises(NpurunError, match="timeout must be a positive number of seconds, got -1"):
+        s.submit(p, X, timeout=-1)
+
+
+# ---------------------------------------------------------------- through the Executor
+
+def _espcn():
+    return npurun.load(npurun.zoo.path("espcn_x3.onnx")) if hasattr(npurun, "zoo") else None
+
+
+def test_executors_of_one_device_share_its_scheduler_and_count_macs(rng):
+    from npurun import zoo
+    from npurun.ir.cost import node_costs
+    g = npurun.load(zoo.path("espcn_x3.onnx"))
+    a, b = npurun.Executor("cpu", parallelism=2), npurun.Executor("cpu", parallelism=2)
+    assert a.scheduler is b.scheduler
+    x = rng.random((1, 1, 24, 24), dtype=np.float32)
+    solo = a.run_sync(g, x)["output"]
+    futs = [ex.submit(g, x, priority=p) for ex, p in [(a, 3), (b, 0), (a, 1), (b, 2)]]
+    for f in futs:
+        np.testing.assert_array_equal(f.result(timeout=60)["output"], solo)
+    want = sum(c.macs for c in node_costs(g, {"input": x.shape}))
+    assert all(f.task.macs_done == f.task.macs_total == want for f in futs)
+    assert a.stats()["macs_done"] >= 5 * want
+
+
+def test_async_runs_with_priorities_and_asyncio_cancellation(rng):
+    go, inside = threading.Event(), threading.Event()
+
+    def block():
+        inside.set()
+        go.wait(10)
+    log = []
+    victim = Chain("victim", 4, log, hooks={1: block})
+    exe = npurun.Executor("cpu", parallelism=2)
+
+    async def main():
+        t = asyncio.ensure_future(exe.run(victim.program, X, priority=1))
+        await asyncio.get_running_loop().run_in_executor(None, inside.wait, 10)
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        go.set()
+        outs = await asyncio.gather(*[exe.run(Chain(f"ok{i}", 2, log).program, X, priority=i % 4, timeout=30)
+                                      for i in range(6)])
+        return outs
+    outs = asyncio.run(main())
+    assert all(o["v1"][0] == 2 for o in outs)
+    done = [t for t in exe.tasks() if t["name"] == "victim"]
+    assert done and done[0]["outcome"] in ("cancelled", "")
+    assert names(log).count("victim") == 2
+
+
+def test_submissions_from_many_threads_all_complete(rng):
+    exe = npurun.Executor("cpu", parallelism=2)
+    results = {}
+
+    def worker(k):
+        c = Chain(f"t{k}", 3, [])
+        results[k] = exe.submit(c.program, X, priority=k % 4).result(timeout=60)["v2"][0]
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {k: 3.0 for k in range(8)}
+
+
+def test_closed_executor_refuses_new_runs():
+    exe = npurun.Executor("cpu", parallelism=1)
+    exe.close()
+    with pytest.raises(NpurunError, match="is closed"):
+        exe.submit(Chain("a", 1, []).program, X)
+
+
+def test_cancelled_before_start_never_runs():
+    s = Scheduler(1)
+    s.pause()
+    log = []
+    f = s.submit(Chain("a", 2, log).program, X)
+    assert f.cancel()
+    s.resume()
+    f.task.finished.wait(10)
+    assert log == [] and f.task.outcome == "cancelled" and isinstance(TaskCancelled("x"), NpurunError)
+
+
+def test_fair_share_between_a_long_task_and_a_stream_of_short_ones():
+    """Equal priorities: one task with 3 s nodes against a stream of 2-node tasks with 1 s
+    nodes; device time is shared by group (the model's name), not by turns."""
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=1.0, aging=1000, clock=clock)
+    s.pause()
+    big = Chain("big", 40, log, clock, dt=3.0)
+    fb = s.submit(big.program, X, priority=2)
+    futs = []
+
+    def next_short():
+        if len(futs) < 30:
+            futs.append(s.submit(Chain("short", 2, log, clock, hooks={1: next_short}).program, X, priority=2))
+    next_short()
+    s.resume()
+    fb.result(timeout=10)
+    while len(futs) < 30 or not futs[-1].done():
+        futs[-1].result(timeout=10)
+    last_short = max(i for i, (n, _) in enumerate(log) if n == "short")
+    served_big = 3.0 * sum(1 for n, _ in log[:last_short + 1] if n == "big")
+    served_short = 1.0 * sum(1 for n, _ in log[:last_short + 1] if n == "short")
+    assert abs(served_big - served_short) <= 3.0 + 1.0, (served_big, served_short)
