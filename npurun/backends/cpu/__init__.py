@@ -38,7 +38,9 @@ class CpuProgram(Program):
         # id(fused-away node) -> the conv that now computes it (ops-report shows this)
         self.fused = fuse.fuse_epilogues(self, native.LIB is not None)
         for k, (n, fn, attrs, dead) in enumerate(self.steps):
-            if n.op == "conv":  # each conv keeps its packed weights between runs
+            # A conv with constant weights keeps them packed between runs (weights that are
+            # graph inputs may change from run to run: those are packed each time).
+            if n.op == "conv" and graph.values[n.inputs[1]].is_const:
                 self.steps[k] = (n, fn, {**attrs, "_cache": {}}, dead)
 
     def _conv(self, x, w, b=None, *, _act=None, _act_attrs=None, _cache=None, **attrs):
