@@ -156,3 +156,12 @@ def test_ops_report_explains_every_node(tmp_path, rng):
 def nonzero(rng, shape):
     from conftest import nonzero_normal
     return nonzero_normal(rng, shape)
+
+
+def test_outputs_get_the_usual_file_permissions(tmp_path, rng):
+    src = tmp_path / "in.png"
+    Image.fromarray(rng.integers(0, 256, (9, 9, 3), dtype=np.uint8)).save(src)
+    assert run("upscale", src, "-o", tmp_path / "out.png").returncode == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "out.png").stat().st_mode & 0o777 == 0o666 & ~umask
