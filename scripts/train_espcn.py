@@ -89,8 +89,8 @@ class PatchSampler:
     rejected because they teach nothing and would dilute the batch.
     """
 
-    def __init__(self, pairs, patch, rng, per_photo=False):
-        self.pairs, self.patch, self.rng = pairs, patch, rng
+    def __init__(self, pairs, patch, rng, per_photo=False, min_std=0.01):
+        self.pairs, self.patch, self.rng, self.min_std = pairs, patch, rng, min_std
         areas = np.array([lr.size for _, lr in pairs], dtype=np.float64)
         if per_photo:
             areas = np.ones_like(areas)
@@ -103,7 +103,7 @@ class PatchSampler:
             i = self.rng.integers(0, lr.shape[0] - p + 1)
             j = self.rng.integers(0, lr.shape[1] - p + 1)
             x = lr[i:i + p, j:j + p]
-            if x.std() > 0.01:
+            if x.std() > self.min_std:
                 break
         y = hr[i * s:(i + p) * s, j * s:(j + p) * s]
         k = int(self.rng.integers(8))  # dihedral group: rot90^k, optional transpose
@@ -157,6 +157,10 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--head-lr", type=float, default=0.1, help="last layer LR multiplier")
     ap.add_argument("--zooms", default="1", help="comma list of training photo rescales")
+    ap.add_argument("--init", type=pathlib.Path,
+                    help="start from this espcn_x3.onnx's weights (continue a training run)")
+    ap.add_argument("--per-photo", action="store_true",
+                    help="sample every training photo equally often (not by area)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "npurun" / "zoo")
     args = ap.parse_args()
@@ -169,8 +173,11 @@ def main():
 
     zooms = [float(z) for z in args.zooms.split(",")]
     pairs = [load_pair(data / f, z)[:2] for f in TRAIN for z in zooms]
-    sampler = PatchSampler(pairs, args.patch, rng)
+    sampler = PatchSampler(pairs, args.patch, rng, per_photo=args.per_photo)
     model = ESPCN()
+    if args.init:  # continue from an exported model: its initializers are our state dict
+        init = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in onnx.load(args.init).graph.initializer}
+        model.load_state_dict(init)
     # As in the paper the last layer learns 10x slower; with Adam this mainly
     # damps the early oscillations of the 9 sub-pixel filters.
     head = list(model.conv3.parameters())
