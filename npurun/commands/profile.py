@@ -77,8 +77,7 @@ def profile(exe, graph, feeds, runs=3, concurrent=1):
     """Per-step rows and trace events of `runs` timed runs (after one warm-up)."""
     import numpy as np
 
-    from ..ir.cost import _resolve
-    from ..ir.shapes import bind
+    from ..ir.cost import concrete_values
     program = exe.compile(graph)
     exe.run_sync(graph, feeds)
     traces = []
@@ -88,10 +87,7 @@ def profile(exe, graph, feeds, runs=3, concurrent=1):
             f.result()
             traces.append((f.task.id, f.task.trace))
     macs = exe.step_macs(program, feeds)
-    env: dict = {}
-    for k, a in feeds.items():
-        if isinstance(a, np.ndarray):
-            bind(graph.values[k].shape, a.shape, env)
+    vals = concrete_values(graph, {k: a.shape for k, a in feeds.items() if isinstance(a, np.ndarray)})
     by_out = {tuple(n.outputs): n for n in graph.nodes}
     fused = getattr(program, "fused", {})
     rows = []
@@ -100,11 +96,10 @@ def profile(exe, graph, feeds, runs=3, concurrent=1):
         op = n.full_op + (f"+{act.op}" if act is not None and id(act) in fused else "")
 
         def shp(nm):
-            v = graph.values.get(nm) if nm else None
+            v = vals.get(nm) if nm else None
             if v is None:
                 return None
-            s = _resolve(v.shape, env)
-            return list(s) if s is not None else [str(d) for d in v.shape]
+            return [d if isinstance(d, int) else str(d) for d in v.shape]
         times = [tr[i][4] - tr[i][3] for _, tr in traces if i < len(tr)]
         outv = graph.values.get(n.outputs[0]) if n.outputs else None
         rows.append({"step": i, "node": n.name or f"#{i}", "op": op,

@@ -1,13 +1,18 @@
-"""Cost of a graph for concrete input shapes: MACs and bytes per node."""
+"""Cost of a graph for concrete input shapes: MACs and bytes per node.
+
+The graph's own inference is run again from the concrete input shapes, so dims the graph keeps
+symbolic or unknown ('?', e.g. after strided convolutions or shape arithmetic on symbols)
+become numbers. A node whose shapes stay unknown (they depend on input *values*) counts 0.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..errors import InputError
+from ..errors import InputError, NpurunError
 from .dtypes import to_numpy
 from .graph import Graph
-from .ops import macs
-from .shapes import UNKNOWN, bind, numel, parse_affine
+from .ops import infer_node, macs
+from .shapes import bind, numel
 
 
 @dataclass
@@ -18,34 +23,40 @@ class NodeCost:
     bytes: int  # operands read + results written, counted once each
 
 
-def _resolve(shape, env):
-    out = []
-    for d in shape:
-        if isinstance(d, int):
-            out.append(d)
-        elif d != UNKNOWN and (p := parse_affine(d)) and p[1] in env:
-            out.append(p[0] * env[p[1]] + p[2])
-        else:
-            out.append(None)
-    return tuple(out) if None not in out else None
+def concrete_values(g: Graph, input_shapes: dict[str, tuple]) -> dict:
+    """The graph's values with shapes inferred again from concrete input shapes."""
+    env: dict[str, int] = {}
+    vals = dict(g.values)
+    for name in g.inputs:
+        if name not in input_shapes:
+            continue
+        shape = tuple(input_shapes[name])
+        if not bind(g.values[name].shape, shape, env):
+            raise InputError(f"{g.source}: input {name!r} cannot have shape {list(shape)}")
+        vals[name] = replace(g.values[name], shape=shape)
+    for n in g.nodes:
+        try:
+            for nm, (shape, dtype, kind) in zip(n.outputs, infer_node(n, vals)):
+                vals[nm] = replace(g.values[nm], shape=tuple(shape), dtype=dtype, kind=kind)
+        except NpurunError:  # inference needs computed values: keep the graph's own types
+            pass
+    return vals
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 def node_costs(g: Graph, input_shapes: dict[str, tuple]) -> list[NodeCost]:
-    """Per-node MACs and bytes, binding the graph's symbolic dims to `input_shapes`.
-    A node whose shapes stay unknown (data-dependent) counts 0."""
-    env: dict[str, int] = {}
-    for name in g.inputs:
-        if not bind(g.values[name].shape, tuple(input_shapes[name]), env):
-            raise InputError(f"{g.source}: input {name!r} cannot have shape {list(input_shapes[name])}")
+    """Per-node MACs and bytes for the given input shapes."""
+    vals = concrete_values(g, input_shapes)
     out = []
     for n in g.nodes:
-        ins = [_resolve(g.values[i].shape, env) if i else None for i in n.inputs]
-        outs = [_resolve(g.values[o].shape, env) for o in n.outputs]
-        names = list(n.inputs) + list(n.outputs)
-        shapes = ins + outs
-        nbytes = sum(numel(s) * to_numpy(g.values[nm].dtype).itemsize
-                     for nm, s in zip(names, shapes) if nm and s is not None)
-        all_known = all(s is not None for nm, s in zip(names, shapes) if nm)
-        m = macs(n, ins, outs) if all_known else 0
-        out.append(NodeCost(n.name or n.full_op, n.op, m, nbytes))
+        names = [i for i in n.inputs if i] + list(n.outputs)
+        shapes = {nm: tuple(vals[nm].shape) for nm in names if vals[nm].kind == "tensor"}
+        nbytes = sum(numel(s) * to_numpy(vals[nm].dtype).itemsize for nm, s in shapes.items() if _static(s))
+        ins = [shapes.get(i) if i else None for i in n.inputs]
+        outs = [shapes.get(o) for o in n.outputs]
+        known = all(_static(s) for s in ins + outs if s is not None) and None not in outs
+        out.append(NodeCost(n.name or n.full_op, n.op, macs(n, ins, outs) if known else 0, nbytes))
     return out

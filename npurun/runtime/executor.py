@@ -174,27 +174,6 @@ def program_step_macs(program: Program, shapes: dict) -> list[int]:
 
 
 def concrete_macs(g: Graph, shapes: dict) -> list[int]:
-    """MACs per node of `g` for concrete input shapes: the graph's shape inference is run again
-    from those shapes, so dims the graph keeps unknown ('?', e.g. after strided convolutions)
-    become numbers. A node whose shapes stay unknown (data-dependent) counts 0."""
-    from dataclasses import replace
-
-    from ..ir.ops import infer_node, macs
-    vals = dict(g.values)
-    for name in g.inputs:
-        if name in shapes:
-            vals[name] = replace(g.values[name], shape=tuple(shapes[name]))
-    out = []
-    for n in g.nodes:
-        try:
-            res = infer_node(n, vals)
-            for nm, (shape, dtype, kind) in zip(n.outputs, res):
-                if nm:
-                    vals[nm] = replace(g.values[nm], shape=tuple(shape), dtype=dtype, kind=kind)
-            ins = [tuple(vals[i].shape) if i else None for i in n.inputs]
-            outs = [tuple(vals[o].shape) for o in n.outputs if o]
-            known = all(isinstance(d, int) for s in ins + outs if s is not None for d in s)
-            out.append(macs(n, ins, outs) if known else 0)
-        except Exception:  # noqa: BLE001 -- inference needs computed values: count 0
-            out.append(0)
-    return out
+    """MACs per node of `g` for concrete input shapes (see npurun.ir.cost)."""
+    from ..ir.cost import node_costs
+    return [c.macs for c in node_costs(g, shapes)]
