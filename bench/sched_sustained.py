@@ -27,7 +27,7 @@ def main():
     ap.add_argument("--device", default="x-elite-hexagon")
     ap.add_argument("--seconds", type=float, default=600.0)
     ap.add_argument("--tile", type=int, default=256)
-    ap.add_argument("--model", help="model file instead of ESPCN (e.g. a real_esrgan .onnx)")
+    ap.add_argument("--model", help="model file, or a calibration architecture name (real_esrgan_x4plus), instead of ESPCN")
     ap.add_argument("--shape", help="INPUT=DxDx.. for --model")
     args = ap.parse_args()
     try:
@@ -40,8 +40,13 @@ def main():
     from npurun import config
     from npurun.runtime.governor import npusim_governor
     dev = load_device(args.device)
-    g = npurun.load(args.model or ROOT / "npurun" / "zoo" / "espcn_x3.onnx")
-    shape = {"input": (1, 1, args.tile, args.tile)}
+    if args.model and not Path(args.model).exists():  # a calibration architecture's name
+        from npurun.zoo.architectures import build
+        g = build(args.model)
+        shape = {i: g.values[i].shape for i in g.inputs}
+    else:
+        g = npurun.load(args.model or ROOT / "npurun" / "zoo" / "espcn_x3.onnx")
+        shape = {"input": (1, 1, args.tile, args.tile)}
     if args.shape:
         from npurun.commands.profile import parse_shapes
         shape = parse_shapes([args.shape])
