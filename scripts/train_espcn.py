@@ -155,7 +155,7 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--patch", type=int, default=24, help="LR patch side (HR is 3x)")
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--head-lr", type=float, default=0.1, help="last layer LR multiplier")
+    ap.add_argument("--head-lr", type=float, default=1.0, help="last layer LR multiplier")
     ap.add_argument("--zooms", default="1", help="comma list of training photo rescales")
     ap.add_argument("--init", type=pathlib.Path,
                     help="start from this espcn_x3.onnx's weights (continue a training run)")
@@ -178,8 +178,8 @@ def main():
     if args.init:  # continue from an exported model: its initializers are our state dict
         init = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in onnx.load(args.init).graph.initializer}
         model.load_state_dict(init)
-    # As in the paper the last layer learns 10x slower; with Adam this mainly
-    # damps the early oscillations of the 9 sub-pixel filters.
+    # The paper trains the last layer 10x slower (SGD). With Adam that only slows
+    # convergence (held-out gain +0.55 dB after 5k steps at 1x, +0.69 after 30k at 0.1x).
     head = list(model.conv3.parameters())
     body = list(model.conv1.parameters()) + list(model.conv2.parameters())
     opt = torch.optim.Adam([{"params": body, "lr": args.lr},
