@@ -32,3 +32,7 @@ class InputError(NpurunError):
 
 class BackendError(NpurunError):
     """A backend that is unavailable or cannot run a node."""
+
+
+class PassError(NpurunError):
+    """A compiler pass that failed or left an invalid graph; the message names the pass."""
