@@ -14,15 +14,28 @@ from typing import Callable
 from ..errors import PassError, VerifyError
 from ..ir.graph import Graph
 from ..ir.verify import verify
+from .eliminate_dead_code import eliminate_dead_code
+from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
+from .fuse_ops import fuse_ops
+from .remove_noops import remove_noops
+from .simplify_shapes import simplify_shapes
 
 Pass = Callable[[Graph], Graph]
 
 # Per target: the passes every model gets before its backend compiles it. Precision
 # selection, layouts and splitting need options (a device, ranges, a workspace), so the
 # callers that know those append them (npurun.compile, the Executor).
+#
+# Order: folding and shape simplification first (they turn computed shapes into constants,
+# which the no-op and fusion patterns need); BatchNorm folding before fusion (a folded conv
+# may then take a following bias); dead-code removal last, to drop what the others bypassed.
+STANDARD: list[Pass] = [fold_constants, simplify_shapes, remove_noops, fold_batchnorm, fuse_ops,
+                        remove_noops, eliminate_dead_code]
 PIPELINES: dict[str, list[Pass]] = {
-    "default": [fold_constants],
+    "default": STANDARD,
+    "reference": STANDARD,
+    "cpu": STANDARD,  # no layout pass: bench/layouts.py measured no gain on cpu (docs/passes.md)
 }
 
 

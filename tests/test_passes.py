@@ -1,0 +1,194 @@
+"""Compiler passes (npurun/passes/): text in, text out for every pass; the verifier between
+passes names a pass that breaks the graph; every pass and the standard pipeline leave the
+outputs of ESPCN and real models unchanged on fresh random inputs (the reference backend is
+the oracle)."""
+import functools
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import npurun
+from npurun.backends import get_backend
+from npurun.errors import PassError
+from npurun.ir import parse, print_graph, verify
+from npurun.ir.graph import Node
+from npurun.passes.pipeline import PIPELINES, pass_name, pipeline_for, run_pipeline
+
+from conftest import nonzero_normal
+
+CASES = Path(__file__).parent / "passes"
+PASSES = ["eliminate_dead_code", "simplify_shapes", "remove_noops", "fold_batchnorm", "fuse_ops",
+          "layout_block4x4", "layout_nchwc"]
+ESPCN = Path(npurun.__file__).parent / "zoo" / "espcn_x3.onnx"
+
+
+def _pass(name):
+    return getattr(importlib.import_module(f"npurun.passes.{name}"), name)
+
+
+def _run(g, feeds):
+    return get_backend("reference", 1).compile(g).run(feeds)
+
+
+def _feeds(g, rng, sizes=None):
+    """Fresh non-zero inputs; symbolic dims take `sizes` (or small defaults)."""
+    sizes = {"H": 5, "W": 7, "batch": 3, **(sizes or {})}
+    out = {}
+    for nm in g.inputs:
+        v = g.values[nm]
+        shape = tuple(d if isinstance(d, int) else sizes[d] for d in v.shape)
+        out[nm] = nonzero_normal(rng, shape, np.dtype(v.dtype if v.dtype != "f32" else "float32"))
+    return out
+
+
+def _assert_same(want, got, rtol):
+    assert want.keys() == got.keys()
+    for k in want:
+        a, b = np.asarray(want[k], np.float64), np.asarray(got[k], np.float64)
+        assert a.shape == b.shape, k
+        scale = max(float(np.abs(a).max()), 1e-30)
+        assert float(np.abs(a - b).max()) <= rtol * scale, (k, float(np.abs(a - b).max()) / scale)
+
+
+@pytest.mark.parametrize("name", PASSES)
+def test_pass_text_in_text_out(name, rng):
+    before = (CASES / f"{name}.before.npuir").read_text()
+    after = (CASES / f"{name}.after.npuir").read_text()
+    g = verify(parse(before))
+    want = _run(g, feeds := _feeds(g, rng))
+    g2 = _pass(name)(g)
+    assert print_graph(g2) == after
+    verify(g2)
+    _assert_same(want, _run(g2, feeds), 1e-6)  # and it computes what the original did
+
+
+def test_cases_really_change_something():
+    """Each case exercises its pass (so the text test cannot pass by doing nothing)."""
+    for name in PASSES:
+        assert (CASES / f"{name}.before.npuir").read_text() != (CASES / f"{name}.after.npuir").read_text()
+
+
+def test_noop_between_memory_spaces_stays():
+    g = parse("""npuir 1
+graph g
+input x: [2] f32 DRAM0
+op identity (x: [2] f32 DRAM0 -> y: [2] f32 NPU_SRAM)
+op neg (y: [2] f32 NPU_SRAM -> z: [2] f32 DRAM0)
+""")
+    assert [n.op for n in _pass("remove_noops")(g).nodes] == ["identity", "neg"]
+
+
+def test_reshape_with_unknown_target_is_left_alone():
+    g = parse("""npuir 1
+graph g
+input x: [?, 4] f32 DRAM0
+input t: [2] i64 DRAM0
+op reshape (x: [?, 4] f32 DRAM0, t: [2] i64 DRAM0 -> y: [?, ?] f32 DRAM0)
+""")
+    text = print_graph(g)
+    assert print_graph(_pass("simplify_shapes")(g)) == text
+
+
+def test_batchnorm_folding_on_random_conv(rng):
+    """conv (with and without bias, strided, grouped) -> BN folded: same outputs within 1e-5."""
+    for bias, group, stride in [(True, 1, 1), (False, 1, 2), (True, 2, 1)]:
+        g = npurun.ir.Graph(name="bn")
+        from npurun.ir.graph import Value
+        g.add_value(Value("x", (2, 4, 9, 8), "f32"))
+        g.inputs = ["x"]
+        g.const("w", nonzero_normal(rng, (6, 4 // group, 3, 3)))
+        ins = ["x", "w"]
+        if bias:
+            g.const("b", nonzero_normal(rng, (6,)))
+            ins.append("b")
+        g.const("scale", nonzero_normal(rng, (6,)))
+        g.const("shift", nonzero_normal(rng, (6,)))
+        g.const("mean", nonzero_normal(rng, (6,)))
+        g.const("var", rng.random(6).astype(np.float32) + 0.1)
+        ho = (9 + 2 - 3) // stride + 1
+        wo = (8 + 2 - 3) // stride + 1
+        g.add_value(Value("u", (2, 6, ho, wo), "f32"))
+        g.add_value(Value("y", (2, 6, ho, wo), "f32"))
+        g.nodes = [Node("conv", ins, ["u"], {"pads": [1, 1, 1, 1], "strides": [stride, stride], "group": group}),
+                   Node("batch_normalization", ["u", "scale", "shift", "mean", "var"], ["y"], {"epsilon": 1e-3})]
+        g.outputs = ["y"]
+        verify(g)
+        feeds = {"x": nonzero_normal(rng, (2, 4, 9, 8))}
+        want = _run(g, feeds)
+        g2 = verify(_pass("fold_batchnorm")(g))
+        assert [n.op for n in g2.nodes] == ["conv"]
+        _assert_same(want, _run(g2, feeds), 1e-5)
+
+
+def test_batchnorm_not_folded_when_conv_result_is_read_elsewhere():
+    text = (CASES / "fold_batchnorm.before.npuir").read_text().replace(
+        "output y:", "op relu (u: [1, 2, 4, 4] f32 DRAM0 -> r: [1, 2, 4, 4] f32 DRAM0)\noutput r: [1, 2, 4, 4] f32 DRAM0\noutput y:")
+    g = _pass("fold_batchnorm")(parse(text))
+    assert "batch_normalization" in [n.op for n in g.nodes]
+
+
+# ------------------------------------------------------------------ the verifier between passes
+
+def _break_graph(g):
+    """A deliberately broken pass: the last node reads a value nobody produces."""
+    g.nodes[-1].inputs[0] = "no_such_value"
+    return g
+
+
+def test_verifier_names_the_pass_that_broke_the_graph():
+    g = parse((CASES / "remove_noops.before.npuir").read_text())
+    with pytest.raises(PassError, match=r"pass _break_graph broke the graph: .*no_such_value"):
+        run_pipeline(g, [_pass("remove_noops"), _break_graph, _pass("eliminate_dead_code")], verify_each=True)
+
+
+def test_pass_name_of_a_partial_and_a_non_graph_result():
+    assert pass_name(functools.partial(_pass("layout_nchwc"), block=8)) == "layout_nchwc"
+    with pytest.raises(PassError, match="pass <lambda> returned int"):
+        run_pipeline(parse((CASES / "remove_noops.before.npuir").read_text()), [lambda g: 3])
+
+
+def test_pipelines_are_plain_lists_of_known_passes():
+    assert pipeline_for("cpu:0") == PIPELINES["cpu"] and pipeline_for("npusim") == PIPELINES["default"]
+    for passes in PIPELINES.values():
+        assert all(callable(p) for p in passes)
+
+
+# ------------------------------------------------------------------ whole models
+
+def _each_pass_then_pipeline(g_loader, feeds, rtol):
+    want = _run(g_loader(), feeds)
+    for name in PASSES:
+        g = _pass(name)(g_loader())
+        verify(g)
+        _assert_same(want, _run(g, feeds), rtol)
+    g = run_pipeline(g_loader(), pipeline_for("cpu"), verify_each=True)
+    _assert_same(want, _run(g, feeds), rtol)
+    laid_out = run_pipeline(g_loader(), pipeline_for("cpu") + [_pass("layout_block4x4"), _pass("layout_nchwc")],
+                            verify_each=True)
+    _assert_same(want, _run(laid_out, feeds), rtol)
+    return g, laid_out
+
+
+def test_every_pass_keeps_espcn_outputs(rng):
+    _, g = _each_pass_then_pipeline(lambda: npurun.load(ESPCN), {"input": nonzero_normal(rng, (1, 1, 17, 23))}, 1e-5)
+    ops = [n.op for n in g.nodes]
+    assert ops.count("layout_pack") == 1 and ops.count("layout_unpack") == 1 and "conv_nchwc" in ops
+
+
+# name -> does the standard pipeline remove nodes? (minilm: no — its matmuls are 3-D, so no
+# gemm, and its shape arithmetic reads `?` dims; docs/passes.md)
+MODELS = {"ppocr_det": True, "yolov8n": True, "minilm_int8": False}
+
+
+@pytest.mark.models
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_every_pass_keeps_real_model_outputs(name, rng):
+    from models.fetch import fetch
+    from models.inputs import RANDOM_FEEDS
+    path = fetch(name)
+    g, _ = _each_pass_then_pipeline(lambda: npurun.load(path), RANDOM_FEEDS[name](rng), 1e-4)
+    n0 = len(npurun.load(path).nodes)
+    assert len(g.nodes) < n0 if MODELS[name] else len(g.nodes) <= n0
