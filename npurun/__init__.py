@@ -5,6 +5,7 @@
     exe = npurun.Executor(device="cpu", parallelism=2)
     outputs = exe.run_sync(g, {"input": x})       # or: await exe.run(g, inputs)
     sess = npurun.InferenceSession("model.onnx")  # ONNX Runtime-shaped API
+    g8 = npurun.compile("model.onnx", precision="auto", calibration="random:8")  # per-node precision
 """
 __version__ = "0.1.0"
 
@@ -12,6 +13,7 @@ from .errors import NpurunError
 from .frontend import load
 from .ir import Graph, parse, print_graph, save, verify
 from .runtime import Executor, InferenceSession
+from .compiler import compile  # noqa: A001  (npurun.compile, as the issue names it)
 
 __all__ = ["__version__", "NpurunError", "load", "save", "parse", "print_graph", "verify",
-           "Graph", "Executor", "InferenceSession"]
+           "Graph", "Executor", "InferenceSession", "compile"]

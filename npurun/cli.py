@@ -40,6 +40,26 @@ def _progress(description: str, enabled: bool):
         yield update
 
 
+PRECISION_CHOICES = ("fp32", "auto", "fp16", "bf16", "int8", "int8_acc16", "int16")
+
+
+def _add_precision(p, calibration_help: str):
+    p.add_argument("--precision", default="fp32", choices=PRECISION_CHOICES,
+                   help="run every node at this precision (emulated exactly; auto: the analyzer's "
+                        "per-node choice; default fp32)")
+    p.add_argument("--calibrate", metavar="DIR|random:N", help=calibration_help)
+
+
+def _with_precision(graph, args, default_feeds):
+    """The graph compiled at --precision (unchanged for fp32), calibrated on --calibrate or on
+    `default_feeds()`."""
+    if args.precision == "fp32":
+        return graph
+    from .compiler import compile
+    cal = args.calibrate if args.calibrate else (None if args.precision == "bf16" else default_feeds())
+    return compile(graph, precision=args.precision, calibration=cal, target=args.device)
+
+
 def _executor(args):
     from .runtime import Executor
     return Executor(device=args.device, parallelism=args.threads)
@@ -65,6 +85,9 @@ def cmd_upscale(args) -> int:
     if args.scale != scale:
         raise InputError(f"{model_path}: the model upscales by {scale}, --scale {args.scale} was asked; "
                          f"pass --scale {scale} or a model for x{args.scale}")
+    # Default calibration: the bundled sample photo through the recipe (a real photo's luma).
+    graph = _with_precision(graph, args, lambda: [{graph.inputs[0]: espcn.luma_to_array(
+        espcn.read_image(zoo.path("sample.jpg")).convert("YCbCr").getchannel("Y"))}])
     exe = _executor(args)
     exe.compile(graph)
     t0 = time.perf_counter()
@@ -72,8 +95,9 @@ def cmd_upscale(args) -> int:
         out = espcn.upscale(img, lambda y: exe.run_sync(graph, y, progress=cb)[graph.outputs[0]], scale)
     dt = time.perf_counter() - t0
     espcn.write_image(out, args.output)
+    prec = "" if args.precision == "fp32" else f", precision {args.precision}"
     print(f"{src} ({img.width}x{img.height}) -> {args.output} ({out.width}x{out.height}) "
-          f"in {dt:.2f} s on {exe.device} ({exe.parallelism} threads)")
+          f"in {dt:.2f} s on {exe.device} ({exe.parallelism} threads{prec})")
     return 0
 
 
@@ -94,6 +118,7 @@ def cmd_run(args) -> int:
     from .util import atomic_write
     graph = load(args.model)
     feeds = dict(_load_array(s) for s in args.input or [])
+    graph = _with_precision(graph, args, lambda: [feeds])  # default: calibrate on these inputs
     exe = _executor(args)
     t0 = time.perf_counter()
     with _progress(f"running {Path(args.model).name}", not args.quiet) as cb:
@@ -198,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--model", help="ESPCN-style model (.onnx/.npuir) instead of the bundled one")
     u.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _add_device(u)
+    _add_precision(u, "calibration inputs for --precision (default: the bundled sample photo)")
     u.set_defaults(fn=cmd_upscale)
 
     r = sub.add_parser("run", help="run a model on .npy inputs")
@@ -206,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", default=".", help="where OUTPUT.npy files go (default: .)")
     r.add_argument("-q", "--quiet", action="store_true")
     _add_device(r)
+    _add_precision(r, "calibration inputs for --precision (default: this run's own inputs)")
     r.set_defaults(fn=cmd_run)
 
     c = sub.add_parser("convert", help="convert an ONNX model to .npuir (+ .weights.npz)")

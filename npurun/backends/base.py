@@ -2,8 +2,10 @@
 
 A backend answers `available()` (can it run on this machine, and if not why),
 `supports(node)` (can it take this node, and if not why) and `compile(graph)` (a `Program`
-that runs the graph). Device strings are `BACKEND[:TARGET]`: `cpu`, `reference`,
-later `torch:cuda`, `npusim:x-elite-hexagon`.
+that runs the graph). A `Program` honours each node's precision (`node.precision`: f16, i8,
+...) by running the node through npurun/precision/emulate.py, so every backend built on it
+computes the numbers a device at that precision would. Device strings are
+`BACKEND[:TARGET]`: `cpu`, `reference`, later `torch:cuda`, `npusim:x-elite-hexagon`.
 """
 from __future__ import annotations
 
@@ -114,6 +116,9 @@ class Program:
             fn = kernels.get(n.op)
             if fn is None:
                 raise BackendError(f"{graph.source}: {n.label()}: backend {backend} has no kernel for {n.op}")
+            if n.precision not in (None, "f32"):  # fp16 rounding, int8 arithmetic, ... exactly
+                from ..precision.emulate import emulating
+                fn = emulating(n, fn, graph)
             attrs = OPS[n.op].attrs_of(n)
             dead = [nm for nm in dict.fromkeys(reads[i]) if nm and last_use.get(nm) == i
                     and nm not in keep and nm in graph.values and not graph.values[nm].is_const]

@@ -38,6 +38,9 @@ class Value:
     space: str = DEFAULT_SPACE
     data: np.ndarray | None = None  # set for constants (weights)
     kind: str = "tensor"  # one of KINDS; shape and dtype are the (element) tensor's
+    # Calibrated range and quantization parameters (npurun/precision): min, max, percentile
+    # and MSE-optimal bounds, the chosen scale and zero point. Printed as a `range` statement.
+    calib: dict = field(default_factory=dict)
 
     @property
     def is_const(self) -> bool:
@@ -56,7 +59,7 @@ class Value:
         if (self.name, tuple(self.shape), self.dtype, self.space, self.kind) != (
             other.name, tuple(other.shape), other.dtype, other.space, other.kind):
             return False
-        if (self.data is None) != (other.data is None):
+        if (self.data is None) != (other.data is None) or self.calib != other.calib:
             return False
         if self.data is None:
             return True
@@ -78,6 +81,7 @@ class Node:
     name: str = ""
     precision: str | None = None  # from the op name's suffix: matmul_f16 -> "f16"
     regions: dict = field(default_factory=dict)  # attribute name -> Graph (control flow)
+    why: str = ""  # why the node runs at its precision (select_precision); printed as why="..."
 
     @property
     def full_op(self) -> str:
@@ -88,7 +92,7 @@ class Node:
 
     def key(self):
         return (self.op, self.precision, self.name, list(self.inputs), list(self.outputs),
-                self.attrs, self.hints, self.regions)
+                self.attrs, self.hints, self.regions, self.why)
 
 
 @dataclass(eq=False)

@@ -107,12 +107,17 @@ def _body(g: Graph, pad: str) -> list[str]:
         s += f" ({ins} -> {outs})" if ins else f" (-> {outs})"
         for k, v in list(n.attrs.items()) + list(n.hints.items()):
             s += f" {k}={_attr(v)}"
+        if n.why:
+            s += f" why={json.dumps(n.why)}"
         for k, r in n.regions.items():  # a region is a block: its own statements, indented
             lines.append(s + f" {k}={{")
             lines += [f"  graph {_name(r.name)}"] + ["  " + ln for ln in _body(r, "")]
             s = "}"
         lines.append(s)
     lines += [f"output {_operand(g, n)}" for n in g.outputs]
+    # Calibrated ranges last, when every value they name has been declared.
+    lines += [f"range {_name(v.name)} " + " ".join(f"{k}={_attr(x)}" for k, x in v.calib.items())
+              for v in g.values.values() if v.calib]
     return [pad + ln for ln in lines]
 
 
@@ -230,9 +235,10 @@ class _Parser:
                 return
             kw = self.next()
             handler = {"npuir": self.p_version, "graph": self.p_graph, "input": self.p_input,
-                       "output": self.p_output, "const": self.p_const, "op": self.p_op}.get(kw.text)
+                       "output": self.p_output, "const": self.p_const, "op": self.p_op,
+                       "range": self.p_range}.get(kw.text)
             if handler is None or kw.kind != "name":
-                self.error(f"expected a statement (npuir, graph, input, const, op, output), "
+                self.error(f"expected a statement (npuir, graph, input, const, op, output, range), "
                            f"found {kw.text!r}", kw)
             handler(kw)
             if self.peek().kind != "nl" and not (block and self.peek().text == "}"):
@@ -355,6 +361,21 @@ class _Parser:
                            f"text says {v.dtype} {list(v.shape)}", tok)
             v.data = arr
 
+    def p_range(self, kw):
+        """`range NAME key=value ...`: a value's calibrated range and quantization parameters."""
+        tok = self.peek()
+        nm = self.name("a value name")
+        if nm not in self.g.values:
+            self.error(f"range of {nm!r}: no such value (declare it before its range)", tok)
+        calib = {}
+        while self.peek().kind == "name":
+            key = self.next().text
+            self.expect("=")
+            calib[key] = self.literal(self.next())
+        if not calib:
+            self.error(f"range of {nm!r} needs key=value pairs (min=, max=, ...)")
+        self.g.values[nm].calib = calib
+
     def literal(self, t: _Tok):
         if t.text == "[":
             items = []
@@ -413,6 +434,11 @@ class _Parser:
                 node.regions[key.text] = self.p_region(key.text, len(self.g.nodes))
                 continue
             val = self.literal(self.next())
+            if key.text == "why" and "why" not in d.attrs:
+                if not isinstance(val, str):
+                    self.error("why= takes a string (the reason for the node's precision)", key)
+                node.why = val
+                continue
             if key.text in d.attrs:
                 node.attrs[key.text] = val
             elif key.text in HINT_KEYS:

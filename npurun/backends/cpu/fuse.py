@@ -18,6 +18,8 @@ from .native import ACTIVATIONS
 
 
 def _epilogue_ok(act: Node, graph, native: bool) -> bool:
+    if act.precision not in (None, "f32"):  # fusing would move where its rounding happens
+        return False
     if not native:
         return act.op in conv.EPILOGUES
     if act.op not in ACTIVATIONS:
@@ -42,8 +44,8 @@ def fuse_epilogues(prog, native: bool) -> dict[int, Node]:
             and len(readers.get(name, [])) == len(nodes)
 
     for k, (n, fn, attrs, dead) in enumerate(prog.steps):
-        if n.op != "conv" or not n.outputs or n.outputs[0] in outputs:
-            continue
+        if n.op != "conv" or not n.outputs or n.outputs[0] in outputs or n.precision not in (None, "f32"):
+            continue  # (a reduced-precision conv rounds its own result: never fused)
         u = n.outputs[0]
         rs = readers.get(u, [])
         chain, act, act_attrs = None, None, None
@@ -57,7 +59,7 @@ def fuse_epilogues(prog, native: bool) -> dict[int, Node]:
         elif native and len(rs) == 2:
             sig = next((r for r in rs if r.op == "sigmoid" and r.inputs == [u]), None)
             mul = next((r for r in rs if r.op == "mul"), None)
-            if sig is not None and mul is not None and sorted(mul.inputs) == sorted([u, sig.outputs[0]]) \
+            if sig is not None and mul is not None and {sig.precision, mul.precision} <= {None, "f32"} and sorted(mul.inputs) == sorted([u, sig.outputs[0]]) \
                     and only_readers(sig.outputs[0], [mul]):
                 chain, act, act_attrs = [sig, mul], "silu", {}
         if chain is None or any(id(c) not in index for c in chain):
