@@ -9,12 +9,23 @@ Every run is a task of the device's scheduler (scheduler.py), shared by all Exec
 name the same device: priorities 0 (highest) .. 3, slices at node boundaries, round-robin
 among equals, aging, timeouts and cancellation. `parallelism` is the number of compute
 units (on cpu: the kernel threads; the scheduler runs up to that many slices at once).
+
+`workspace_mb` is the fast tier's size (npurun.memory): each run's graph is planned for the
+run's concrete input shapes (plans cached per graph and shapes, so a model with symbolic
+shapes is planned once per shape it meets); a conv chain whose working set exceeds the
+workspace is split into row bands (passes/split_bands.py) and the split graph is what the
+backend compiles and runs. A workspace too small for even one band is a WorkspaceError naming
+the smallest workspace that works. Without `workspace_mb`, the `cpu` backend still cascades
+conv chains bigger than CPU_CASCADE_MB (bench/espcn_cascade.py: ESPCN 720p -> 4K runs 2-4x
+faster in 8-16 MB bands than unsplit, see docs/memory.md), falling back to the plain graph if
+planning fails; `cascade=False` turns that off. Other backends run unplanned.
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
@@ -28,9 +39,14 @@ from .device import Device
 from .scheduler import DEFAULT_PRIORITY, TaskFuture
 
 
+PLAN_CACHE = 32  # plans kept per Executor (one per graph and input shapes)
+# The cpu backend's default workspace for cascading, chosen by bench/espcn_cascade.py.
+CPU_CASCADE_MB = 16
+
+
 class Executor:
     def __init__(self, device: str = "cpu", parallelism: int | None = None, workspace_mb: int | None = None,
-                 *, config=None):
+                 *, config=None, cascade: bool | None = None):
         if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
             raise NpurunError(f"parallelism must be a positive integer, got {parallelism!r}")
         if workspace_mb is not None and (not isinstance(workspace_mb, (int, float)) or workspace_mb <= 0):
@@ -39,13 +55,18 @@ class Executor:
         cfg = config if config is not None else cfgmod.load()
         self.device = device
         self.parallelism = parallelism or cfg.get("device", "threads") or os.cpu_count() or 1
-        # Recorded for the memory planner (issue E); today no plan is limited by it.
+        # The fast tier's size for the memory planner; None runs graphs unplanned.
         self.workspace_mb = workspace_mb
+        # The workspace plans use: the given one, else the cpu default (cascade=None or True).
+        default = CPU_CASCADE_MB if device.split(":")[0] == "cpu" and cascade is not False else None
+        self._plan_mb = workspace_mb if workspace_mb is not None else default
         self.backend = get_backend(device, self.parallelism)
         self.dev = Device.open(device, self.backend, self.parallelism, cfg)
         self.scheduler = self.dev.scheduler
         self._programs: dict[int, tuple[Graph, Program]] = {}
         self._costs: dict[tuple, list[int]] = {}
+        # (id(graph), input shapes) -> (graph, Program, MemoryPlan): one plan per shape met
+        self._plans: OrderedDict[tuple, tuple] = OrderedDict()
         self._lock = threading.Lock()
         self._inflight: set[TaskFuture] = set()
         self._closed = False
@@ -67,6 +88,43 @@ class Executor:
                 hit = (graph, self.backend.compile(graph))
                 self._programs[id(graph)] = hit
             return hit[1]
+
+    def planned(self, model, inputs) -> tuple[Program, object]:
+        """(the Program a run of `model` on `inputs` executes, its MemoryPlan): planned for the
+        inputs' shapes within `workspace_mb`, split where a chain does not fit; cached per
+        graph and shapes. Unplanned (no workspace, or the cpu default found nothing to
+        cascade): the plain Program and None."""
+        program = self.compile(model)
+        if self._plan_mb is None:
+            return program, None
+        feeds = self._feeds(program, inputs)
+        graph = program.graph
+        shapes = {k: tuple(np.shape(v)) for k, v in feeds.items() if isinstance(v, np.ndarray)}
+        key = (id(graph), tuple(sorted(shapes.items())))
+        with self._lock:
+            hit = self._plans.get(key)
+            if hit is not None and hit[0] is graph:
+                self._plans.move_to_end(key)
+                return hit[1], hit[2]
+        from ..memory import prepare
+        try:
+            # The default cascade is an optimization: no search for the smallest workspace.
+            split_graph, plan = prepare(graph, shapes, device=self.device, workspace_mb=self._plan_mb,
+                                        find_smallest=self.workspace_mb is not None)
+        except InputError:
+            return program, None  # shapes that do not fit the model: the run reports them
+        except Exception:  # noqa: BLE001
+            if self.workspace_mb is not None:
+                raise  # the user's workspace: a plan that cannot be made is their error
+            split_graph, plan = graph, None  # the default cascade is an optimization only
+        if plan is not None and not plan.split and self.workspace_mb is None:
+            plan = None  # nothing to cascade: the default runs the graph as it is
+        run = self.backend.compile(split_graph) if plan is not None and plan.split else program
+        with self._lock:
+            self._plans[key] = (graph, run, plan)
+            while len(self._plans) > PLAN_CACHE:
+                self._plans.popitem(last=False)
+        return run, plan
 
     @staticmethod
     def _feeds(program: Program, inputs) -> dict:
@@ -98,7 +156,7 @@ class Executor:
         """Queue a run; returns a Future of its outputs (`fut.task` holds its counters)."""
         if self._closed:
             raise NpurunError(f"{self!r} is closed")
-        program = self.compile(model)
+        program, _ = self.planned(model, inputs)
         feeds = self._feeds(program, inputs)
         if priority is None:
             priority = self.dev.config.get("scheduler", "default_priority")
