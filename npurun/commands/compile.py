@@ -23,7 +23,11 @@ def add_parser(sub):
                    help="force precisions: 'Conv=int8,/blocks.3/*=fp16' (op types or node-name globs)")
     p.add_argument("--explain", action="store_true", help="print each node's precision and the reason")
     p.add_argument("--memory", action="store_true", help="print the memory plan (npurun.memory)")
-    p.add_argument("--workspace-mb", type=float, default=None, help="fast-memory workspace for --memory")
+    p.add_argument("--workspace-mb", type=float, default=None,
+                   help="fast-memory workspace in MB for --memory and --shape (default: the device's fast tier)")
+    p.add_argument("--shape", action="append", metavar="INPUT=DxDx..",
+                   help="a concrete input shape: --memory plans for it, and -o then writes the "
+                        "placed (and, where needed, split) graph")
     p.add_argument("--device", default="cpu", help="target backend[:device] (default: cpu)")
     p.set_defaults(fn=run)
 
@@ -57,10 +61,16 @@ def run(args) -> int:
     if args.explain:
         print(f"{args.model}: precision {args.precision}, calibration {cal}")
         explain(g)
+    from ..backends.npusim.simulate import input_shapes_of
+    from ..memory.planner import symbolic_inputs
+    shapes = input_shapes_of(g, args.shape)
     if args.memory:
-        from ..memory import memory_report  # issue E's planner
-        print(memory_report(g, workspace_mb=args.workspace_mb, device=args.device).format())
+        from ..memory import memory_report
+        print(memory_report(g, workspace_mb=args.workspace_mb, device=args.device, shapes=shapes).format())
     if args.output:
+        if shapes and not symbolic_inputs(g, shapes):  # write the placed, split graph
+            from ..memory import prepare
+            g, _ = prepare(g, shapes, device=args.device, workspace_mb=args.workspace_mb)
         save(g, args.output)
         print(f"{args.model} -> {args.output} ({len(g.nodes)} nodes, precision {args.precision}, "
               f"calibration {cal})")

@@ -64,7 +64,9 @@ class Executor:
         self.dev = Device.open(device, self.backend, self.parallelism, cfg)
         self.scheduler = self.dev.scheduler
         self._programs: dict[int, tuple[Graph, Program]] = {}
-        self._costs: dict[tuple, list[int]] = {}
+        # (id(program), input shapes) -> per-step MACs; bounded like the plans (a server meets
+        # many shapes)
+        self._costs: OrderedDict[tuple, list[int]] = OrderedDict()
         # (id(graph), input shapes) -> (graph, Program, MemoryPlan): one plan per shape met
         self._plans: OrderedDict[tuple, tuple] = OrderedDict()
         self._lock = threading.Lock()
@@ -145,6 +147,8 @@ class Executor:
             hit = self._costs.get(key)
             if hit is None:
                 hit = self._costs[key] = program_step_macs(program, shapes)
+                while len(self._costs) > PLAN_CACHE:
+                    self._costs.popitem(last=False)
             return hit
         except Exception:  # bad inputs fail in the run itself, with the run's message  # noqa: BLE001
             return [0] * len(program.steps)

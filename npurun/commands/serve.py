@@ -1,0 +1,114 @@
+"""`npurun serve MODEL_DIR`: serve the folder's .onnx/.npuir models over the Open Inference
+Protocol (KServe v2, as Triton speaks it) on uvicorn; see docs/serve.md.
+
+The socket is bound here (so `--port 0` picks a free port and the line printed at start
+names the real one), then handed to uvicorn. Without --token-file on an address other than
+loopback the server warns: anyone who can reach the port can run models and read shared
+memory the server can open.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+
+
+def add_parser(sub):
+    p = sub.add_parser("serve", help="serve a folder of models over KServe v2 / Triton's HTTP protocol")
+    p.add_argument("model_dir", metavar="MODEL_DIR", help="folder of .onnx / .npuir models (name = file name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port)")
+    p.add_argument("--device", default="cpu", help="BACKEND[:TARGET] the models run on (default: cpu)")
+    p.add_argument("--threads", type=int, default=None, help="compute units (default: all cores)")
+    p.add_argument("--token-file", help="file holding a bearer token every request but liveness must send")
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body (default: 64 MB)")
+    p.add_argument("--max-tensor-mb", type=float, default=64.0, help="largest input tensor (default: 64 MB)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="timeout of requests that give none (default: none)")
+    p.add_argument("--max-batch", type=int, default=1,
+                   help="dynamic batching: most rows per batch for models with a symbolic first dim (default: 1, off)")
+    p.add_argument("--max-queue-delay-ms", type=float, default=2.0,
+                   help="dynamic batching: longest a request waits for others (default: 2 ms)")
+    p.add_argument("--no-cache", action="store_true", help="do not cache imported plans in MODEL_DIR/.npurun-cache")
+    p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(fn=run)
+
+
+def read_token(path: str) -> str:
+    from ..errors import InputError
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--token-file {path}: cannot read it ({e})") from None
+    if not token or any(c.isspace() for c in token):
+        raise InputError(f"--token-file {path}: expected one token, no spaces (got {'nothing' if not token else 'spaces'})")
+    return token
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    from ..errors import NpurunError
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+        sock = listen_socket(family, kind, proto)
+        sock.bind(addr)
+    except OSError as e:
+        raise NpurunError(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def listen_socket(family=socket.AF_INET, kind=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP) -> socket.socket:
+    """A TCP socket for uvicorn. The protocol must be given: asyncio sets TCP_NODELAY only on
+    sockets whose proto is IPPROTO_TCP, and without it every response whose headers and body
+    go out in two writes waits ~40 ms for the client's delayed ACK (Nagle). Set on the
+    listening socket too, which accepted sockets inherit on Linux."""
+    sock = socket.socket(family, kind, proto or socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def run(args) -> int:
+    import logging
+
+    from ..errors import InputError
+    try:
+        import uvicorn
+    except ImportError:
+        raise InputError("npurun serve needs uvicorn and starlette: pip install 'npurun[serve]'") from None
+    from ..serve import Settings, build
+    logging.basicConfig(level=args.log_level.upper(), format="npurun serve: %(message)s")
+    for flag, v in (("--max-body-mb", args.max_body_mb), ("--max-tensor-mb", args.max_tensor_mb)):
+        if not v > 0:
+            raise InputError(f"{flag} must be positive, got {v}")
+    token = read_token(args.token_file) if args.token_file else None
+    settings = Settings(token=token, max_body_bytes=int(args.max_body_mb * 2**20),
+                        max_tensor_bytes=int(args.max_tensor_mb * 2**20), default_timeout_s=args.timeout)
+    if not token and not _loopback(args.host):
+        print(f"npurun serve: warning: listening on {args.host} without --token-file; anyone who reaches "
+              f"the port can run models", file=sys.stderr)
+    sock = _bind(args.host, args.port)
+    app = build(args.model_dir, device=args.device, threads=args.threads, settings=settings,
+                max_batch=args.max_batch, max_delay=args.max_queue_delay_ms / 1000, cache=not args.no_cache)
+    repo = app.state.repo
+    host, port = sock.getsockname()[:2]
+    for m in repo.models.values():
+        print(f"  {m.name}: {m.state.lower()}" + (f" ({m.reason})" if m.reason else "")
+              + (f"  plan {m.plan}" if m.plan else ""))
+    print(f"npurun serve: {sum(m.ready for m in repo.models.values())}/{len(repo.models)} models ready on "
+          f"http://{host}:{port} ({app.state.executor.device}, {app.state.executor.parallelism} units)", flush=True)
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_level == "debug",
+                            timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
+    app.state.server.shm.close()
+    return 0
