@@ -12,8 +12,8 @@ from setuptools import Extension, setup
 x86 = platform.machine().lower() in ("x86_64", "amd64")
 ext = Extension(
     "npurun.backends.cpu._kernels",
-    sources=["csrc/conv.c"],
-    depends=["csrc/act.h", "csrc/conv_tile.h"],
+    sources=["csrc/conv.c", "csrc/winograd.c"],
+    depends=["csrc/act.h", "csrc/act512.h", "csrc/conv_tile.h", "csrc/wino_tpl.h"],
     extra_compile_args=["-O3", "-mavx2", "-mfma", "-std=c11", "-fno-math-errno"],
     optional=True,
 )

@@ -8,7 +8,7 @@ enum { ACT_NONE = 0, ACT_RELU = 1, ACT_TANH = 2, ACT_SIGMOID = 3, ACT_LEAKY_RELU
        ACT_CLIP = 5, ACT_SILU = 6, ACT_HARD_SIGMOID = 7, ACT_HARD_SWISH = 8 };
 
 /* tanh as a 13/6 rational function on [-9, 9] (the approximation Eigen uses): a few ulp,
- * no exp, no branch. Outside the clamp tanh is +-1 to float precision. */
+ * no exp, no branch, no division. Outside the clamp tanh is +-1 to float precision. */
 static inline __m256 npr_tanh(__m256 x) {
     const __m256 lim = _mm256_set1_ps(9.0f);
     x = _mm256_max_ps(_mm256_min_ps(x, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
@@ -25,7 +25,12 @@ static inline __m256 npr_tanh(__m256 x) {
     q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(1.18534705686654e-04f));
     q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(2.26843463243900e-03f));
     q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(4.89352518554385e-03f));
-    return _mm256_div_ps(p, q);
+    /* p / q as p * (1/q): rcp's 12 bits and one Newton step give ~23 bits (q is in
+     * [0.0049, 1.6], no overflow), cheaper than vdivps (5-10 cycles a vector; ESPCN runs
+     * 88 M tanh). */
+    __m256 r = _mm256_rcp_ps(q);
+    r = _mm256_mul_ps(r, _mm256_fnmadd_ps(q, r, _mm256_set1_ps(2.0f)));
+    return _mm256_mul_ps(p, r);
 }
 
 /* sigmoid(x) = (1 + tanh(x/2)) / 2: absolute error ~1e-7, the same rational as tanh. */

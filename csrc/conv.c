@@ -26,6 +26,7 @@ typedef struct {
     const float *wp, *bias; int M, kh, kw, sh, sw, dh, dw, pt, pl;
     int act; float alpha, beta;
     float *y; int Ho, Wo; long ys;  /* ys: output channel pitch (floats) */
+    int nt;  /* non-temporal stores */
 } conv_args;
 
 /* ---- AVX2: 4 x 24 tiles in 12 ymm accumulators */
@@ -34,10 +35,13 @@ typedef struct {
 #define NR 24
 #define VLOAD _mm256_loadu_ps
 #define VBCAST _mm256_broadcast_ss
+#define VSET1 _mm256_set1_ps
 #define VFMA _mm256_fmadd_ps
 #define VZERO _mm256_setzero_ps
 #define VADD _mm256_add_ps
-#define VSTORE_ACT(dst, v, act, al, be) _mm256_storeu_ps(dst, npr_act(v, act, al, be))
+#define VACT npr_act
+#define VSTORE _mm256_storeu_ps
+#define VSTREAM _mm256_stream_ps
 #define TILE tile_avx2
 #define GATHER gather_avx2
 #define TILES tiles_avx2
@@ -48,32 +52,35 @@ typedef struct {
 #undef NR
 #undef VLOAD
 #undef VBCAST
+#undef VSET1
 #undef VFMA
 #undef VZERO
 #undef VADD
-#undef VSTORE_ACT
+#undef VACT
+#undef VSTORE
+#undef VSTREAM
 #undef TILE
 #undef GATHER
 #undef TILES
 #undef CONV2D
 
-/* ---- AVX-512: 4 x 48 tiles in 12 zmm accumulators; the epilogue runs the AVX2 activation
- * on the two halves of each zmm (it is a small part of the work). */
+/* ---- AVX-512: 4 x 32 tiles in 8 zmm accumulators; the epilogue runs the zmm activation of
+ * act512.h. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
-static inline void store_act512(float *dst, __m512 v, int act, __m256 al, __m256 be) {
-    _mm256_storeu_ps(dst, npr_act(_mm512_castps512_ps256(v), act, al, be));
-    _mm256_storeu_ps(dst + 8, npr_act(_mm512_extractf32x8_ps(v, 1), act, al, be));
-}
+#include "act512.h"
 #define VEC __m512
 #define VL 16
 #define NR 32
 #define VLOAD _mm512_loadu_ps
 #define VBCAST(p) _mm512_set1_ps(*(p))
+#define VSET1 _mm512_set1_ps
 #define VFMA _mm512_fmadd_ps
 #define VZERO _mm512_setzero_ps
 #define VADD _mm512_add_ps
-#define VSTORE_ACT store_act512
+#define VACT npr_act512
+#define VSTORE _mm512_storeu_ps
+#define VSTREAM _mm512_stream_ps
 #define TILE tile_avx512
 #define GATHER gather_avx512
 #define TILES tiles_avx512

@@ -1,6 +1,7 @@
 /* The dense conv kernel, written once for a vector width and included by conv.c twice: for
- * AVX2 (VL=8, NR=24) and for AVX-512 (VL=16, NR=48). The includer defines VEC, VL, NR, VLOAD,
- * VBCAST, VFMA, VZERO, VADD, VSTORE_ACT and the names TILE, GATHER, TILES, CONV2D.
+ * AVX2 (VL=8, NR=24) and for AVX-512 (VL=16, NR=32). The includer defines VEC, VL, NR, VLOAD,
+ * VBCAST, VSET1, VFMA, VZERO, VADD, VACT (activation), VSTORE, VSTREAM (non-temporal store) and the
+ * names TILE, GATHER, TILES, CONV2D.
  * See conv.c for the algorithm. */
 #define XB (NR * (240 / NR))  /* column block (pixels), a multiple of NR */
 
@@ -8,7 +9,7 @@
 /* acc[MR][nv] += sum_k a[k][MR] * b_k[0 : nv*VL], b_k at base + c*cs + ky*rs + kx*xs. */
 static inline __attribute__((always_inline)) void
 TILE(const float *a, const float *b, long cs, long rs, long xs, int C, int kh, int kw, const int nv,
-     const float *bias, int act, __m256 al, __m256 be, float *y, long ys, int mvalid, int nvalid)
+     const float *bias, int act, VEC al, VEC be, float *y, long ys, int mvalid, int nvalid, int nt)
 {
     VEC c00 = VZERO(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00,
            c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
@@ -37,8 +38,10 @@ TILE(const float *a, const float *b, long cs, long rs, long xs, int C, int kh, i
     for (int i = 0; i < mvalid; i++) {
         VEC bb = VBCAST(bias + i);
         float *dst = whole ? y + i * ys : tmp;
-        for (int j = 0; j < nv; j++)
-            VSTORE_ACT(dst + VL * j, VADD(acc[i][j], bb), act, al, be);
+        if (nt && whole && ((size_t)dst & (sizeof(VEC) - 1)) == 0)  /* see CONV2D's nt */
+            for (int j = 0; j < nv; j++) VSTREAM(dst + VL * j, VACT(VADD(acc[i][j], bb), act, al, be));
+        else
+            for (int j = 0; j < nv; j++) VSTORE(dst + VL * j, VACT(VADD(acc[i][j], bb), act, al, be));
         if (!whole)
             memcpy(y + i * ys, tmp, sizeof(float) * nvalid);
     }
@@ -63,29 +66,31 @@ static void GATHER(const conv_args *p, int r, int x0, int n, float *buf)
 }
 
 static void TILES(const conv_args *p, const float *b, long cs, long rs, long xs, int nv, int r, int x0,
-                  int n, __m256 al, __m256 be)
+                  int n, VEC al, VEC be)
 {
     long K = (long)p->C * p->kh * p->kw, plane = p->ys;
     for (int m = 0; m < p->M; m += MR) {
         const float *a = p->wp + (long)m * K;
         float *y = p->y + m * plane + (long)r * p->Wo + x0;
         int mv = p->M - m < MR ? p->M - m : MR;
-        if (nv == 3) TILE(a, b, cs, rs, xs, p->C, p->kh, p->kw, 3, p->bias + m, p->act, al, be, y, plane, mv, n);
-        else if (nv == 2) TILE(a, b, cs, rs, xs, p->C, p->kh, p->kw, 2, p->bias + m, p->act, al, be, y, plane, mv, n);
-        else TILE(a, b, cs, rs, xs, p->C, p->kh, p->kw, 1, p->bias + m, p->act, al, be, y, plane, mv, n);
+        if (nv == 3) TILE(a, b, cs, rs, xs, p->C, p->kh, p->kw, 3, p->bias + m, p->act, al, be, y, plane, mv, n, p->nt);
+        else if (nv == 2) TILE(a, b, cs, rs, xs, p->C, p->kh, p->kw, 2, p->bias + m, p->act, al, be, y, plane, mv, n, p->nt);
+        else TILE(a, b, cs, rs, xs, p->C, p->kh, p->kw, 1, p->bias + m, p->act, al, be, y, plane, mv, n, p->nt);
     }
 }
 
 /* One image, output rows [r0, r1). Returns 0, or -1 when the gather buffer cannot be had. */
 int CONV2D(const float *x, int C, int H, int W, const float *wpack, const float *bias, int M,
                int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
-               int act, float alpha, float beta, float *y, int Ho, int Wo, int r0, int r1, long ys)
+               int act, float alpha, float beta, float *y, int Ho, int Wo, int r0, int r1, long ys, int nt)
 {
+    /* nt: store the output with non-temporal stores (an output far bigger than the caches,
+     * which the next layer reads from memory anyway: no read-for-ownership of each line). */
     conv_args p = {x, C, H, W, wpack, bias, M, kh, kw, sh, sw, dh, dw, pt, pl, act, alpha, beta, y, Ho, Wo,
-                   ys ? ys : (long)Ho * Wo};
+                   ys ? ys : (long)Ho * Wo, nt};
     float *buf = aligned_alloc(64, sizeof(float) * (((size_t)C * kh * kw * NR + 15) & ~(size_t)15));
     if (!buf) return -1;
-    __m256 al = _mm256_set1_ps(alpha), be = _mm256_set1_ps(beta);
+    VEC al = VSET1(alpha), be = VSET1(beta);
     long hw = (long)H * W;
     for (int xb = 0; xb < Wo; xb += XB) {
         int xe = xb + XB < Wo ? xb + XB : Wo;
@@ -104,6 +109,7 @@ int CONV2D(const float *x, int C, int H, int W, const float *wpack, const float 
             }
         }
     }
+    if (nt) _mm_sfence();  /* the streamed lines are visible before the caller reads them */
     free(buf);
     return 0;
 }

@@ -1,6 +1,7 @@
 """The cpu backend's compiled kernels (csrc/) against the reference kernels, on fresh random
-non-zero inputs: dense/grouped conv (both ISAs this CPU runs), depthwise conv, the activation
-kernel, and the epilogue fusions of whole programs."""
+non-zero inputs: dense/grouped conv as the implicit GEMM (both ISAs this CPU runs), depthwise
+conv, the activation kernel, and the epilogue fusions of whole programs. Winograd:
+tests/test_cpu_winograd.py."""
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -64,11 +65,14 @@ def test_native_conv_matches_reference(case, threads, isa, rng, monkeypatch):
     w = nonzero_normal(rng, ws) * 0.3
     b = nonzero_normal(rng, ws[:1])
     monkeypatch.setattr(nativeconv, "MIN_FLOPS_PER_BAND", 1)  # split even these small convs
+    if threads == 2:  # non-temporal stores (big outputs only, normally) on the aligned rows
+        monkeypatch.setattr(nativeconv, "STREAM_BYTES", 0)
     want = KERNELS["conv"](x, w, b, **_attrs(a))
     with ThreadPoolExecutor(threads) as pool:
         cache = {}
         for act in ACTS:  # the same cache: packed weights are reused across calls
-            got = nativeconv.conv2d(x, w, b, _attrs(a), act, ACT_ATTRS.get(act, {}), pool, threads, cache, isa)
+            got = nativeconv.conv2d(x, w, b, _attrs(a), act, ACT_ATTRS.get(act, {}), pool, threads, cache, isa,
+                                    "direct")  # Winograd has its own test (test_cpu_winograd.py)
             np.testing.assert_allclose(got, _ref_act(want, act), rtol=1e-4, atol=2e-5, err_msg=f"act={act}")
 
 

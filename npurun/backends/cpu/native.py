@@ -65,8 +65,12 @@ def _load():
     P, I, F, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
     for isa in ("avx2", "avx512"):
         f = getattr(lib, f"npr_conv2d_{isa}")
-        f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, I, I, L]
+        f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, I, I, L, I]
         f.restype = I
+        f = getattr(lib, f"npr_wino_{isa}")  # csrc/winograd.c
+        f.argtypes = [P, I, I, I, P, P, I, I, I, I, F, F, P, I, I, I, I, I]
+        f.restype = I
+        getattr(lib, f"npr_wino_mr_{isa}").restype = I
     lib.npr_dwconv2d.argtypes = [P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I]
     lib.npr_dwconv2d.restype = I
     lib.npr_activation.argtypes = [P, P, L, I, F, F]
@@ -88,6 +92,12 @@ if ISA not in conv_isas():
 
 def conv2d_fn(isa: str | None = None):
     return getattr(LIB, f"npr_conv2d_{isa or ISA}")
+
+
+def wino_fn(isa: str | None = None):
+    """The Winograd F(4x4, 3x3) kernel and the row count its packed weights need."""
+    isa = isa or ISA
+    return getattr(LIB, f"npr_wino_{isa}"), getattr(LIB, f"npr_wino_mr_{isa}")()
 
 
 def ptr(a: np.ndarray) -> int:

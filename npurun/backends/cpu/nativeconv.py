@@ -1,9 +1,12 @@
-"""2-D convolution through the compiled kernels (csrc/conv.c): dense and grouped convs as an
-implicit GEMM with the bias and activation fused, depthwise convs as a direct kernel.
+"""2-D convolution through the compiled kernels (csrc/): dense and grouped convs as an
+implicit GEMM with the bias and activation fused (conv.c), 3x3 stride-1 dense convs with
+enough channels as Winograd F(4x4, 3x3) (winograd.c; the rule is winograd.chosen), depthwise
+convs as a direct kernel.
 
 Work is split into bands of output rows (dense) or of channels (depthwise), one ctypes call
 per band; ctypes drops the GIL, so the bands run on the backend's threads in parallel.
-Weights are packed once per node, (M, C, kh, kw) -> (ceil(M/4), C*kh*kw, 4), and kept.
+Weights are packed once per node, (M, C, kh, kw) -> (ceil(M/4), C*kh*kw, 4), or transformed
+and packed for Winograd (winograd.pack), and kept in the node's cache.
 """
 from __future__ import annotations
 
@@ -11,12 +14,17 @@ import math
 
 import numpy as np
 
+from ...errors import BackendError
 from ..reference.kernels.nn import _window_pads
-from . import native
+from . import native, winograd
 from .native import LIB, act_params, ptr
 
 MR = 4  # output channels per microkernel tile (csrc/conv.c)
 MIN_FLOPS_PER_BAND = 2e6  # below this a band costs more to hand to a thread than to run
+# Outputs this big are stored with non-temporal stores: they leave the caches anyway, and
+# the stores then skip reading each line first (ESPCN's unbanded first conv, 236 MB out:
+# 99 -> 36 ms). At 1-4 MB (cascaded bands) A/B runs were inconclusive, so bands don't.
+STREAM_BYTES = 64 << 20
 
 
 def applies(x, w, attrs) -> bool:
@@ -39,7 +47,9 @@ def pack(w: np.ndarray, b: np.ndarray | None, group: int):
     return out
 
 
-def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str | None = None):
+def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str | None = None,
+           algo: str | None = None):
+    """algo: None picks by winograd.chosen; "direct" or "winograd" forces one (tests)."""
     x = np.ascontiguousarray(x)  # the kernels index a dense (N, C, H, W) block; a view may be strided
     n, c, h, wd = x.shape
     m, cg, kh, kw = w.shape
@@ -47,7 +57,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
     begin, end, (ho, wo), (sh, sw), (dh, dw) = _window_pads(
         x.shape, [kh, kw], attrs["strides"], attrs["dilations"], attrs["pads"], attrs["auto_pad"])
     code, alpha, beta = act_params(act, act_attrs)
-    y = np.empty((n, m, ho, wo), np.float32)
+    y = empty((n, m, ho, wo))
     flops = 2.0 * m * cg * kh * kw * ho * wo
     geo = (kh, kw, sh, sw, dh, dw, begin[0], begin[1])
     if group == c == m and cg == 1:  # depthwise
@@ -64,11 +74,17 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
                                     code, alpha, beta, ptr(y[i]), ho, wo, c0, c1))
         _run(run_dw, jobs, pool, threads)
         return y
+    if algo == "winograd" or (algo is None and winograd.chosen(c, m, group, geo, ho, wo, isa or native.ISA)):
+        if group != 1 or geo[:6] != (3, 3, 1, 1, 1, 1):
+            raise BackendError(f"cpu conv: algo='winograd' needs a 3x3 stride-1 dilation-1 dense conv, "
+                               f"got weights {tuple(w.shape)}, group {group}, strides {(sh, sw)}, dilations {(dh, dw)}")
+        return _winograd(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flops)
     if "packed" not in cache:
         cache["packed"] = pack(w, b, group)
     packed = cache["packed"]
     mg = m // group
     kernel = native.conv2d_fn(isa)
+    nt = int(y.nbytes >= STREAM_BYTES)
     # A pointwise conv sees each channel as one long row: whole tiles even on small images.
     flat = geo == (1, 1, 1, 1, 1, 1, 0, 0)
     rows = max(1, ho * wo // 64) if flat else ho  # the flat row splits into bands of 64-pixel groups
@@ -81,19 +97,48 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
         if flat:  # a band of the flat row: a pixel range, passed as a narrower image
             c0, c1 = r0 * 64, (ho * wo if r1 == rows else r1 * 64)
             xv, yv = x[i, g * cg:].reshape(-1), y[i, g * mg:].reshape(-1)
-            _check(_flat_band(kernel, xv, yv, c0, c1, cg, mg, ho * wo, wp, bp, code, alpha, beta))
+            _check(_flat_band(kernel, xv, yv, c0, c1, cg, mg, ho * wo, wp, bp, code, alpha, beta, nt))
             return
         _check(kernel(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo,
-                      code, alpha, beta, ptr(y[i, g * mg:]), ho, wo, r0, r1, 0))
+                      code, alpha, beta, ptr(y[i, g * mg:]), ho, wo, r0, r1, 0, nt))
     _run(run, jobs, pool, threads)
     return y
 
 
-def _flat_band(kernel, xv, yv, c0, c1, cg, mg, plane, wp, bp, code, alpha, beta) -> int:
+def empty(shape) -> np.ndarray:
+    """np.empty(shape, float32) starting on a cache line. NumPy aligns big arrays to 16 bytes
+    only; the non-temporal stores need whole aligned vectors, and aligned rows keep ordinary
+    vector stores from straddling two lines (worth 0-10% on ESPCN's first conv)."""
+    n = math.prod(shape)
+    buf = np.empty(n + 16, np.float32)
+    o = (-buf.ctypes.data % 64) // 4
+    return buf[o:o + n].reshape(shape)
+
+
+def _winograd(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flops):
+    """Bands of 4-row tile rows on the threads; the transformed weights are kept per node."""
+    fn, mr = native.wino_fn(isa)
+    if ("wino", mr) not in cache:
+        cache["wino", mr] = winograd.pack(w, b, mr)
+    u, bias = cache["wino", mr]
+    n, c, h, wd = x.shape
+    m, ho, wo = y.shape[1:]
+    bands = _bands(-(-ho // 4), threads, flops / 4)  # a quarter of the multiplies
+    jobs = [(i, r0, r1) for i in range(n) for r0, r1 in bands]
+
+    def run(job):
+        i, r0, r1 = job
+        _check(fn(ptr(x[i]), c, h, wd, ptr(u), ptr(bias), m, geo[6], geo[7], code, alpha, beta,
+                  ptr(y[i]), ho, wo, r0, r1, int(y.nbytes >= STREAM_BYTES)))
+    _run(run, jobs, pool, threads)
+    return y
+
+
+def _flat_band(kernel, xv, yv, c0, c1, cg, mg, plane, wp, bp, code, alpha, beta, nt) -> int:
     """Pixels [c0, c1) of a pointwise conv over flat (C, plane) channels: a 1 x (c1-c0) image
     whose input and output channels keep their pitch `plane`."""
     return kernel(ptr(xv[c0:]), cg, 1, plane, ptr(wp), ptr(bp), mg, 1, 1, 1, 1, 1, 1, 0, 0,
-                  code, alpha, beta, ptr(yv[c0:]), 1, c1 - c0, 0, 1, plane)
+                  code, alpha, beta, ptr(yv[c0:]), 1, c1 - c0, 0, 1, plane, nt)
 
 
 def _bands(rows: int, threads: int, flops: float) -> list[tuple[int, int]]:
