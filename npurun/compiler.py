@@ -22,6 +22,7 @@ from .passes.pipeline import pipeline_for, run_pipeline
 from .passes.select_precision import select_precision
 from .precision import POLICIES, PrecisionError
 from .precision.calibrate import calibrate, feeds_from
+from .precision.gptq import refine_weights
 
 DEFAULT_CALIBRATION = "random:4"
 _NO_RANGES = ("fp32", "bf16")
@@ -43,9 +44,17 @@ def compile(model, precision: str = "auto", calibration=None, overrides=None, ta
     shapes: dict = {}  # every tensor's shape on the first calibration input
     if calibration is None and precision not in _NO_RANGES:
         calibration = DEFAULT_CALIBRATION
+    feeds = None
     if calibration is not None:
         feeds = feeds_from(calibration, g)
         calibrate(g, feeds, method, shapes)
     passes = [functools.partial(select_precision, policy=precision, overrides=overrides,
                                 value_shapes=shapes or None)]
+    if feeds:  # integer nodes' weights rounded for their outputs on the same inputs (GPTQ)
+        passes.append(functools.partial(_refine, feeds=feeds))
     return run_pipeline(g, passes, verify_each=verify_each)
+
+
+def _refine(g: Graph, feeds) -> Graph:
+    refine_weights(g, feeds)
+    return g

@@ -79,14 +79,14 @@ def test_nodes_that_do_not_export_split_the_graph_into_sessions(rng):
     kernels between two sessions."""
     g = npurun.parse("""
 input x: [3, 4] f32
-input w: [4, 4] f32
+const w: [4, 4] f32
 op relu (x: [3, 4] f32 -> r: [3, 4] f32)
 op matmul_i16 (r: [3, 4] f32, w: [4, 4] f32 -> m: [3, 4] f32)
 op tanh (m: [3, 4] f32 -> t: [3, 4] f32)
 op add (t: [3, 4] f32, r: [3, 4] f32 -> y: [3, 4] f32)
 output y: [3, 4] f32
-""")
-    feeds = {"x": rng.standard_normal((3, 4)).astype(np.float32), "w": rng.standard_normal((4, 4)).astype(np.float32)}
+""", weights={"w": rng.standard_normal((4, 4)).astype(np.float32)})  # integer weights are constants
+    feeds = {"x": rng.standard_normal((3, 4)).astype(np.float32)}
     exe = npurun.Executor(DEVICE)
     prog = exe.compile(g)
     assert [n.full_op for n, _ in prog.fallbacks] == ["matmul_i16"] and len(prog.sessions) == 2

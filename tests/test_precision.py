@@ -49,14 +49,15 @@ def run(g, feed, device="reference"):
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("device", ["reference", "cpu"])
 def test_int8_conv_is_qlinearconv(rng, group, device):
-    g = compile(conv_graph(rng, group=group), precision="int8", calibration=feeds(rng, (1, 6, 9, 11)))
+    g = compile(conv_graph(rng, group=group), precision="int8", calibration=feeds(rng, (1, 6, 16, 16)))
     assert g.nodes[0].full_op == "conv_i8"
+    assert ("w8" in g.values["w"].calib) == (group == 1)  # GPTQ-rounded weights (not for grouped convs)
     x = nonzero_normal(rng, (1, 6, 9, 11)) * 1.2  # beyond the calibrated range too: saturates
     got = run(g, {"x": x}, device)
     # The same quantized tensors through ORT's QLinearConv (u8 activations, per-channel s8 weights).
     xs, xz = g.values["x"].calib["q8"]
     ys, yz = g.values["y"].calib["q8"]
-    wq, ws = q.weight_params(g.values["w"].data, 0)
+    wq, ws = _weight_grid(g.values["w"], 0)
     bq = np.rint(g.values["b"].data.astype(np.float64) / (np.float64(np.float32(xs)) * ws)).astype(np.int32)
     xq = np.clip(np.rint(x / np.float32(xs)) + xz, 0, 255).astype(np.uint8)
     inits = [numpy_helper.from_array(a, n) for a, n in [
@@ -74,13 +75,30 @@ def test_int8_conv_is_qlinearconv(rng, group, device):
     np.testing.assert_array_equal(got, want)
 
 
-def _np_int_matmul(a, w, calib_a, calib_y, bits, pair_saturate=False):
+def _weight_grid(wv, axis):
+    """(int weights, channel scales) of a weight constant: GPTQ-refined weights record their
+    scales (`w8`) and lie on that grid (docs/precision.md); others take weight_params'."""
+    if "w8" not in wv.calib:
+        return q.weight_params(wv.data, axis)
+    ws = np.asarray(wv.calib["w8"], np.float32)
+    shape = [1] * wv.data.ndim
+    shape[axis] = -1
+    wq = np.rint(wv.data / ws.reshape(shape))
+    assert np.abs(wq).max() <= 127 and np.array_equal(wq * ws.reshape(shape), wv.data)  # exactly on the grid
+    return wq.astype(np.int64), ws
+
+
+def _np_int_matmul(a, wv, calib_a, calib_y, bits, pair_saturate=False):
     """Direct int64 computation, written independently of npurun.precision.emulate."""
     qmax = 255 if bits == 8 else 65535
     xs, xz = calib_a[f"q{bits}"]
     ys, yz = calib_y[f"q{bits}"]
-    ws = np.abs(w).max(0) / np.float32(127)
-    wq = np.clip(np.rint(w / ws), -127, 127).astype(np.int64)
+    w = wv.data
+    if "w8" in wv.calib:
+        wq, ws = _weight_grid(wv, 1)
+    else:
+        ws = np.abs(w).max(0) / np.float32(127)
+        wq = np.clip(np.rint(w / ws), -127, 127).astype(np.int64)
     aq = np.clip(np.rint(a / np.float32(xs)).astype(np.int64) + xz, 0, qmax)
     if pair_saturate:  # loop over pairs: sat16(a_2j w_2j + a_2j+1 w_2j+1), summed in int64
         acc = np.zeros(a.shape[:-1] + (w.shape[1],), np.int64)
@@ -97,11 +115,11 @@ def _np_int_matmul(a, w, calib_a, calib_y, bits, pair_saturate=False):
 
 @pytest.mark.parametrize("mode,bits", [("int8", 8), ("int16", 16)])
 def test_int_matmul_matches_int64_numpy(rng, mode, bits):
-    a = nonzero_normal(rng, (2, 16, 24))
+    a = nonzero_normal(rng, (8, 16, 24))  # 256 calibration rows: enough for GPTQ (8 * K)
     g = compile(matmul_graph(rng), precision=mode, calibration=[{"a": a}, {"a": nonzero_normal(rng, a.shape)}])
-    assert g.nodes[0].precision == {"int8": "i8", "int16": "i16"}[mode]
+    assert g.nodes[0].precision == {"int8": "i8", "int16": "i16"}[mode] and "w8" in g.values["w"].calib
     got = run(g, {"a": a})
-    want = _np_int_matmul(a, g.values["w"].data, g.values["a"].calib, g.values["y"].calib, bits)
+    want = _np_int_matmul(a, g.values["w"], g.values["a"].calib, g.values["y"].calib, bits)
     np.testing.assert_array_equal(got, want)
     f32 = a @ g.values["w"].data
     err = np.abs(got - f32).max() / np.abs(f32).max()
@@ -118,6 +136,115 @@ def test_int16_beats_int8_on_espcn_conv(rng):
         errs[mode] = float(np.sqrt(np.mean((run(g, {"input": x}) - ref) ** 2)))
     # RMS error: w8a16 keeps int8's weight error but not its activation error.
     assert 0 < errs["fp16"] < errs["int16"] < errs["int8"] < 0.02, errs
+
+
+# ------------------------------------------------------------------ GPTQ weights, fused epilogues
+
+def conv_act_graph(rng, act, **kw):
+    """conv0 (conv_graph) followed by `act` (act0): y -> z."""
+    g = conv_graph(rng, **kw)
+    g.add_value(npurun.ir.graph.Value("z", g.values["y"].shape, "f32"))
+    g.nodes.append(npurun.ir.graph.Node(act, ["y"], ["z"], name="act0"))
+    g.outputs = ["z"]
+    return g
+
+
+def _correlated(rng, mix, shape):
+    """Inputs whose channels are correlated (mixed by `mix`): what trained layers see."""
+    return np.einsum("ij,njhw->nihw", mix, nonzero_normal(rng, shape)).astype(np.float32)
+
+
+def test_gptq_weights_lie_on_the_grid_and_beat_plain_rounding(rng):
+    mix = nonzero_normal(rng, (16, 16))
+    cal = [{"x": _correlated(rng, mix, (1, 16, 24, 24))} for _ in range(3)]  # >= 8 * K positions
+    g0 = conv_graph(rng, cin=16, cout=16)
+    g = compile(g0, precision="int8", calibration=cal)
+    assert "GPTQ-rounded" in g.nodes[0].why and "w8" in g.values["w"].calib
+    wq, ws = _weight_grid(g.values["w"], 0)  # asserts the stored weights are s * q exactly
+    plain, plain_s = q.weight_params(g0.values["w"].data, 0)
+    assert np.array_equal(ws, plain_s) and not np.array_equal(wq, plain)
+    again = compile(g0, precision="int8", calibration=cal)  # deterministic
+    assert again.values["w"].data.tobytes() == g.values["w"].data.tobytes()
+    # Weight error alone, through a float conv on fresh inputs of the same distribution.
+    x = {"x": _correlated(rng, mix, (1, 16, 16, 16))}
+    ref = run(g0, x)
+
+    def err(wdeq):
+        g1 = conv_graph(rng, cin=16, cout=16, w=wdeq.astype(np.float32))
+        g1.values["b"].data = g0.values["b"].data
+        return float(np.sqrt(np.mean((run(g1, x) - ref) ** 2)))
+    e_gptq, e_plain = err(wq * ws[:, None, None, None]), err(plain * plain_s[:, None, None, None])
+    # measured ratio 0.66-0.83 over 40 seeds
+    assert e_gptq < 0.92 * e_plain, (e_gptq, e_plain)
+
+
+def test_gptq_needs_enough_positions_and_keeps_off_unsafe_acc16(rng):
+    few = compile(conv_graph(rng), precision="int8", calibration=feeds(rng, (1, 6, 5, 5)))
+    assert "w8" not in few.values["w"].calib and "plainly rounded (GPTQ needs" in few.nodes[0].why
+    cal = [{"a": rng.random((1, 256, 256), dtype=np.float32)}]
+    g = compile(_big_matmul(rng, True), precision="auto", calibration=cal, overrides="mm=int8_acc16")
+    assert "w8" not in g.values["w"].calib  # the proof failed before: weights left as they were
+    cal8 = [{"a": rng.random((1, 256, 256), dtype=np.float32)} for _ in range(8)]  # 8 * K rows
+    safe = compile(_big_matmul(rng, False), precision="auto", calibration=cal8)
+    n = safe.nodes[0]
+    assert n.precision == "i8acc16"
+    if "w8" in safe.values["w"].calib:       # refined weights must still pass the 16-bit proof
+        assert q.acc16_overflow(_weight_grid(safe.values["w"], 1)[0].T) is None and "GPTQ-rounded" in n.why
+    else:                                    # or they were put back, and the reason is unchanged
+        assert "GPTQ" not in n.why
+
+
+def _conv_integer(xq, xz, wq, pads, group=1):
+    """ONNX Runtime's ConvInteger: u8 activations (zero point xz), s8 weights -> int32."""
+    inits = [numpy_helper.from_array(wq.astype(np.int8), "w"), numpy_helper.from_array(np.array(xz, np.uint8), "xz"),
+             numpy_helper.from_array(np.array(0, np.int8), "wz")]
+    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], pads=pads, group=group)
+    model = helper.make_model(helper.make_graph(
+        [node], "q", [helper.make_tensor_value_info("x", T.UINT8, xq.shape)],
+        [helper.make_tensor_value_info("y", T.INT32, None)], inits),
+        opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": xq.astype(np.uint8)})[0].astype(np.int64)
+
+
+@pytest.mark.parametrize("act,fn", [("tanh", np.tanh), ("sigmoid", lambda v: 1 / (1 + np.exp(-v))),
+                                    ("relu", lambda v: np.maximum(v, 0))])
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+def test_fused_epilogue_is_convinteger_then_activation(rng, act, fn, device):
+    g = compile(conv_act_graph(rng, act), precision="int8", calibration=feeds(rng, (1, 6, 9, 11)))
+    assert [n.full_op for n in g.nodes] == ["conv_i8", f"{act}_i8"]
+    assert "epilogue" in g.nodes[0].why and "fused into conv0" in g.nodes[1].why
+    assert "q8" not in g.values["y"].calib and "q8" in g.values["z"].calib  # one requantization
+    x = nonzero_normal(rng, (1, 6, 9, 11)) * 1.2
+    got = run(g, {"x": x}, device)
+    xs, xz = g.values["x"].calib["q8"]
+    zs, zz = g.values["z"].calib["q8"]
+    wq, ws = _weight_grid(g.values["w"], 0)
+    acc_scale = np.float64(np.float32(xs)) * ws.astype(np.float64)
+    bq = np.rint(g.values["b"].data.astype(np.float64) / acc_scale).astype(np.int64)
+    xq = np.clip(np.rint(x / np.float32(xs)) + xz, 0, 255)
+    acc = _conv_integer(xq, xz, wq, [1, 1, 1, 1]) + bq[None, :, None, None]
+    # the epilogue: the accumulator's real value (float32), the activation in float64, one rounding
+    real = (acc * acc_scale[None, :, None, None]).astype(np.float32).astype(np.float64)
+    zq = np.clip(np.rint(fn(real) / np.float64(np.float32(zs))) + zz, 0, 255)
+    np.testing.assert_array_equal(got, (zq - zz).astype(np.float32) * np.float32(zs))
+
+
+def test_forced_activation_is_not_fused_and_round_trips(rng, tmp_path):
+    cal = feeds(rng, (1, 6, 16, 16))
+    g = compile(conv_act_graph(rng, "tanh"), precision="int8", calibration=cal, overrides="act0=fp16")
+    assert [n.full_op for n in g.nodes] == ["conv_i8", "tanh_f16"] and "q8" in g.values["y"].calib
+    fused = compile(conv_act_graph(rng, "tanh"), precision="int8", calibration=cal)
+    npurun.save(fused, tmp_path / "f.npuir")
+    text = (tmp_path / "f.npuir").read_text()
+    assert "op tanh_i8 @act0" in text and "w8=[" in text
+    g2 = npurun.load(tmp_path / "f.npuir")
+    x = nonzero_normal(rng, (1, 6, 7, 7))
+    np.testing.assert_array_equal(run(g2, {"x": x}), run(fused, {"x": x}))
+    # an integer activation that is not its producer's epilogue is refused, not run as float
+    g2.nodes[0].precision = "f16"
+    with pytest.raises(npurun.NpurunError, match="only valid as the fused epilogue"):
+        npurun.Executor("reference").compile(g2)
 
 
 # ------------------------------------------------------------------ fp16 / bf16
@@ -164,7 +291,7 @@ def test_acc16_never_chosen_where_a_pair_can_overflow(rng):
     assert safe.nodes[0].precision == "i8acc16" and "proven safe" in safe.nodes[0].why
     # Where it is proven safe, 16-bit accumulation gives the int32 answer exactly.
     a = rng.random((1, 256, 256), dtype=np.float32)
-    want = _np_int_matmul(a, safe.values["w"].data, safe.values["a"].calib, safe.values["y"].calib, 8)
+    want = _np_int_matmul(a, safe.values["w"], safe.values["a"].calib, safe.values["y"].calib, 8)
     np.testing.assert_array_equal(run(safe, {"a": a}), want)
 
 
@@ -175,7 +302,7 @@ def test_forced_acc16_on_unsafe_node_shows_saturation(rng):
     a = rng.random((1, 256, 256), dtype=np.float32)
     a[0, :, 10:12] = 1.0  # the activations that drive the bad pair to its bound
     got = run(g, {"a": a})
-    args = (a, g.values["w"].data, g.values["a"].calib, g.values["y"].calib, 8)
+    args = (a, g.values["w"], g.values["a"].calib, g.values["y"].calib, 8)
     np.testing.assert_array_equal(got, _np_int_matmul(*args, pair_saturate=True))
     assert not np.array_equal(got, _np_int_matmul(*args))  # the saturation changed the answer
 
@@ -189,7 +316,7 @@ def test_acc16_saturating_conv_matches_loop(rng):
     got = run(g, {"x": x})
     xs, xz = g.values["x"].calib["q8"]
     ys, yz = g.values["y"].calib["q8"]
-    wq, ws = q.weight_params(g.values["w"].data, 0)
+    wq, ws = _weight_grid(g.values["w"], 0)
     xq = np.clip(np.rint(x / np.float32(xs)).astype(np.int64) + xz, 0, 255)
     xp = np.pad(xq, [(0, 0), (0, 0), (1, 1), (1, 1)], constant_values=xz)
     acc = np.zeros((1, 4, 5, 6), np.int64)
@@ -284,12 +411,35 @@ def test_non_finite_ranges_are_an_error(rng):
         calibrate(g, [{"x": np.array([1, 2, 100, 3], np.float32)}])
 
 
-def test_uncalibrated_integer_node_refuses_to_run(rng):
-    g = npurun.parse(str(compile(conv_graph(rng), precision="int8", calibration=feeds(rng, (1, 6, 5, 5)))),
-                     weights={"w": conv_graph(rng).values["w"].data})
-    g.values["y"].calib = {}
-    with pytest.raises(npurun.NpurunError, match="'y' has no calibrated range"):
-        npurun.Executor("reference").compile(g)
+def _dynamic_quantize(x):
+    """ONNX Runtime's DynamicQuantizeLinear: (x_q u8, scale, zero point)."""
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"])
+    model = helper.make_model(helper.make_graph(
+        [node], "d", [helper.make_tensor_value_info("x", T.FLOAT, x.shape)],
+        [helper.make_tensor_value_info(n, t, None) for n, t in (("q", T.UINT8), ("s", T.FLOAT), ("z", T.UINT8))]),
+        opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    xq, xs, xz = sess.run(None, {"x": x})
+    return xq.astype(np.int64), np.float32(xs), int(xz)
+
+
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+def test_uncalibrated_integer_node_is_quantized_dynamically(rng, device):
+    """A hand-written conv_i8 with no ranges runs as DynamicQuantizeLinear -> ConvInteger ->
+    scale (what the ort and torch backends export): checked against ONNX Runtime's ops."""
+    g = conv_graph(rng)
+    g.nodes[0].precision = "i8"
+    x = nonzero_normal(rng, (1, 6, 7, 9))
+    got = run(g, {"x": x}, device)
+    xq, xs, xz = _dynamic_quantize(x)
+    wq, ws = q.weight_params(g.values["w"].data, 0)
+    acc_scale = np.float64(xs) * ws.astype(np.float64)
+    bq = np.rint(g.values["b"].data.astype(np.float64) / acc_scale).astype(np.int64)
+    acc = _conv_integer(xq, xz, wq, [1, 1, 1, 1]) + bq[None, :, None, None]
+    want = (acc * acc_scale[None, :, None, None]).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    g.nodes[0].precision = None  # and it really is not the float result
+    assert not np.array_equal(got, run(g, {"x": x}))
 
 
 # ------------------------------------------------------------------ the .npuir text

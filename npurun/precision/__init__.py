@@ -7,6 +7,8 @@
 * `analyze.py` is the founding document's rule: per node, the cheapest precision that keeps
   the answer right, with the reason (`Node.why`);
 * `overrides.py` parses `Conv=int8,/blocks.3/*=fp16`;
+* `gptq.py` rounds integer nodes' weights for their outputs on the calibration inputs (GPTQ)
+  and records the result in the graph (weights on the int8 grid, scales as `w8`);
 * `quantize.py` holds the quantization arithmetic (scales, zero points, the 16-bit
   accumulation proof) and `emulate.py` turns a node's precision into a kernel that computes
   exactly what a device would (every `Program`-based backend applies it).

@@ -125,12 +125,13 @@ class Analyzer:
 
     def weight_matrix(self, n) -> np.ndarray:
         """Quantized weights (M, K) in accumulation order (see quantize.py)."""
-        w = self.g.values[n.inputs[1]].data
+        wv = self.g.values[n.inputs[1]]
+        w, s = wv.data, q.recorded_scale(wv)
         if n.op == "conv":
-            wq, _ = q.weight_params(w, 0)
+            wq, _ = q.weight_params(w, 0, s)
             return wq.reshape(wq.shape[0], -1)
         trans_b = n.op == "gemm" and n.attrs.get("trans_b", 0)
-        wq, _ = q.weight_params(w.T if trans_b else w, 1)
+        wq, _ = q.weight_params(w.T if trans_b else w, 1, s)
         return wq.T
 
     def intensity(self, n) -> float | None:

@@ -7,9 +7,18 @@
   stay float32 arrays holding exactly representable fp16/bf16 numbers.
 * `i8`, `i8acc16`, `i16` on conv / matmul / gemm with constant weights: the node computes
   DequantizeLinear(QLinearConv(QuantizeLinear(x), w_q, b_q)) — see quantize.py for the
-  conventions. Integer sums are formed in floating point only where that is exact: float32
+  conventions. Weights refined by gptq.py carry their scales (`w8`) and lie on that grid.
+  With a fused epilogue (a tanh / sigmoid / relu reader at an integer suffix, set by
+  select_precision) the node skips its requantization and hands on the accumulator's real
+  value `acc * x_scale * w_scale` (float32); the activation node applies itself in float64 and
+  requantizes once to its own result's parameters. Integer sums are formed in floating point only where that is exact: float32
   BLAS in runs of input channels whose sums stay below 2**24, float64 otherwise (every
   partial sum is an integer below 2**53: |x_q| <= 65535, |w_q| <= 127).
+  A node whose input has no calibrated range (hand-written `conv_i8` in .npuir, or a graph
+  given a precision without `npurun.compile`) is quantized dynamically, per run, as ONNX's
+  DynamicQuantizeLinear -> ConvInteger/MatMulInteger -> scale does (the ort and torch
+  backends export such nodes that way): activation range from the tensor itself, result
+  left real (not requantized) when the result has no range either.
   `i8acc16` saturates each pair sum to int16 (vpmaddubsw); where the weights prove that no
   pair can overflow (quantize.acc16_overflow) the saturation cannot trigger and the exact
   int32 path runs; a node forced to i8acc16 against the proof takes the saturating path and
@@ -26,6 +35,9 @@ from ..errors import BackendError
 from . import quantize as q
 
 INT_PRECISIONS = ("i8", "i8acc16", "i16")
+# Activations a conv/matmul/gemm can apply to its accumulator before requantizing (float64).
+EPILOGUE_OPS = {"tanh": np.tanh, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+                "relu": lambda x: np.maximum(x, 0.0)}
 _STORE = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 
 
@@ -41,8 +53,11 @@ def emulating(node, fn, graph):
             return _IntConv(node, graph)
         if node.op in ("matmul", "gemm"):
             return _IntMatmul(node, graph)
+        if node.op in EPILOGUE_OPS:
+            return _Epilogue(node, graph)
     raise BackendError(f"{graph.source}: {node.label()}: no emulation of precision {p} for op "
-                       f"{node.op}; integer precisions apply to conv, matmul and gemm only")
+                       f"{node.op}; integer precisions apply to conv, matmul and gemm (and tanh, "
+                       f"sigmoid, relu fused as their epilogue) only")
 
 
 def _round(a, store):
@@ -59,11 +74,20 @@ def _rounding(fn, store):
 
 
 def _params(graph, node, name, bits):
+    """(scale, zero point) from the value's calibrated range, or (None, None): no range, so the
+    value is quantized dynamically (see _dynamic)."""
     v = graph.values[name]
     if not v.calib:
-        raise BackendError(f"{graph.source}: {node.label()} runs {node.precision} but value {name!r} "
-                           f"has no calibrated range; compile it with calibration (npurun compile --calibrate)")
+        return None, None
     return q.act_params(v.calib, bits)
+
+
+def _dynamic(x: np.ndarray, bits: int) -> tuple[np.float32, int]:
+    """Run-time (scale, zero point) of an uncalibrated activation, as ONNX's
+    DynamicQuantizeLinear defines them (range widened to include 0; what the ort and torch
+    backends export for such a node): scale = (max - min) / qmax, zp = rint(-min / scale)."""
+    lo, hi = min(0.0, float(x.min(initial=0.0))), max(0.0, float(x.max(initial=0.0)))
+    return q.act_params({"min": lo, "max": hi}, bits)
 
 
 def _const(graph, node, name, role):
@@ -74,6 +98,14 @@ def _const(graph, node, name, role):
     return v.data
 
 
+def _epilogue_of(node, graph):
+    """The activation node fused into `node`'s epilogue (select_precision.py), or None."""
+    readers = [r for r in graph.nodes if node.outputs[0] in r.inputs]
+    if len(readers) == 1 and readers[0].op in EPILOGUE_OPS and readers[0].precision in INT_PRECISIONS:
+        return readers[0]
+    return None
+
+
 class _IntKernel:
     """Shared set-up: activation and output parameters, quantized weights, the proof."""
 
@@ -81,12 +113,44 @@ class _IntKernel:
         self.node, self.source = node, graph.source
         self.bits = 16 if node.precision == "i16" else 8
         self.xs, self.xz = _params(graph, node, node.inputs[0], self.bits)
-        self.ys, self.yz = _params(graph, node, node.outputs[0], self.bits)
+        # fused: the result is the accumulator's real value, `acc * x_scale * w_scale` as
+        # float32, and the activation node reading it requantizes (class _Epilogue)
+        self.fused = _epilogue_of(node, graph) is not None
+        if not self.fused:  # ys None: no calibrated range, so the result stays real (dynamic)
+            self.ys, self.yz = _params(graph, node, node.outputs[0], self.bits)
         # wk: (M, K) quantized weights in accumulation order, for the 16-bit proof
         self.saturate = node.precision == "i8acc16" and q.acc16_overflow(wk) is not None
 
-    def _out(self, acc, mult):
-        yq = q.requantize(acc, mult, self.yz, self.bits)
+    def _out(self, acc, acc_scale):
+        """acc: integer accumulators (float64 holding integers); acc_scale: x_scale * w_scale,
+        broadcastable. Requantized and dequantized, or, fused, the real value for the epilogue."""
+        if self.fused or self.ys is None:
+            return (acc * acc_scale).astype(np.float32)
+        yq = q.requantize(acc, acc_scale / np.float64(self.ys), self.yz, self.bits)
+        return q.dequantize(yq, self.ys, self.yz)
+
+
+class _Epilogue:
+    """A tanh / sigmoid / relu fused into the integer conv/matmul/gemm that produces its input:
+    x is that node's accumulator as a real number (`acc * x_scale * w_scale`, float32); the
+    activation is computed in float64 and requantized once, ONNX-style (`rint(y / y_scale) +
+    y_zp`, saturated), to this node's own result parameters; the result is dequantized."""
+
+    def __init__(self, node, graph):
+        prod = next((p for p in graph.nodes if node.inputs[0] in p.outputs), None)
+        if prod is None or prod.precision not in INT_PRECISIONS or prod.op not in ("conv", "matmul", "gemm") \
+                or _epilogue_of(prod, graph) is not node:
+            raise BackendError(f"{graph.source}: {node.label()}: {node.op} at {node.precision} is only valid as "
+                               f"the fused epilogue of an integer conv/matmul/gemm that it alone reads")
+        self.fn = EPILOGUE_OPS[node.op]
+        self.bits = 16 if node.precision == "i16" else 8
+        self.ys, self.yz = _params(graph, node, node.outputs[0], self.bits)
+
+    def __call__(self, x, **attrs):
+        y = self.fn(x.astype(np.float64))
+        if self.ys is None:  # no calibrated range: the result stays real (dynamic)
+            return y.astype(np.float32)
+        yq = np.clip(np.rint(y / np.float64(self.ys)) + self.yz, 0, q.ACT_QMAX[self.bits]).astype(np.int64)
         return q.dequantize(yq, self.ys, self.yz)
 
 
@@ -105,26 +169,32 @@ def _exact_chunks(bound: int, parts: int) -> list[tuple[int, int]]:
 class _IntConv(_IntKernel):
     def __init__(self, node, graph):
         w = _const(graph, node, node.inputs[1], "weight")
-        self.wq, self.ws = q.weight_params(w, axis=0)  # (M, C/g, *K), (M,)
+        self.wq, self.ws = q.weight_params(w, 0, q.recorded_scale(graph.values[node.inputs[1]]))  # (M, C/g, *K), (M,)
         super().__init__(node, graph, self.wq.reshape(self.wq.shape[0], -1))
         b = node.inputs[2] if len(node.inputs) > 2 else ""
         bias = _const(graph, node, b, "bias") if b else None
-        acc_scale = np.float64(self.xs) * self.ws.astype(np.float64)  # (M,)
-        self.bq = None if bias is None else np.rint(bias.astype(np.float64) / acc_scale).astype(np.int64)
-        self.mult = acc_scale / np.float64(self.ys)
+        self.bias = None if bias is None else bias.astype(np.float64)
+        if self.xs is not None:
+            self.acc_scale, self.bq = self._scales(self.xs)
+
+    def _scales(self, xs):
+        acc_scale = np.float64(xs) * self.ws.astype(np.float64)  # (M,)
+        return acc_scale, None if self.bias is None else np.rint(self.bias / acc_scale).astype(np.int64)
 
     def __call__(self, x, w, b=None, **attrs):
         from ..backends.reference.kernels.nn import conv
         attrs = {k: v for k, v in attrs.items() if not k.startswith("_")}
-        xq = q.quantize_act(x, self.xs, self.xz, self.bits)
+        xs, xz, acc_scale, bq = (self.xs, self.xz, self.acc_scale, self.bq) if self.xs is not None \
+            else (*_dynamic(x, self.bits), *self._scales(_dynamic(x, self.bits)[0]))
+        xq = q.quantize_act(x, xs, xz, self.bits)
         if self.saturate:
-            acc = _saturating_conv(xq, self.xz, self.wq, attrs)
+            acc = _saturating_conv(xq, xz, self.wq, attrs)
         else:  # exact: (x_q - zp) padded with 0 equals x_q padded with zp, minus zp * sum(w)
-            acc = self._exact_conv(xq - self.xz, attrs, conv)
+            acc = self._exact_conv(xq - xz, attrs, conv)
         shape = (1, -1) + (1,) * (x.ndim - 2)
-        if self.bq is not None:
-            acc = acc + self.bq.reshape(shape)
-        return self._out(acc, self.mult.reshape(shape))
+        if bq is not None:
+            acc = acc + bq.reshape(shape)
+        return self._out(acc, acc_scale.reshape(shape))
 
 
     def _exact_conv(self, xc, attrs, conv):
@@ -158,34 +228,40 @@ class _IntMatmul(_IntKernel):
             raise BackendError(f"{graph.source}: {node.label()}: integer matmul needs a 2-D constant "
                                f"weight and an activation of rank >= 2")
         wkn = b.T if attrs.get("trans_b") else b  # (K, N)
-        self.wq, self.ws = q.weight_params(wkn, axis=1)
+        self.wq, self.ws = q.weight_params(wkn, 1, q.recorded_scale(graph.values[node.inputs[1]]))
         super().__init__(node, graph, self.wq.T)
         self.alpha, self.beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
         self.trans_a = bool(attrs.get("trans_a"))
-        acc_scale = np.float64(self.xs) * self.ws.astype(np.float64) * self.alpha  # (N,)
         c = node.inputs[2] if self.gemm and len(node.inputs) > 2 else ""
         cv = graph.values[c] if c else None
-        self.cq = None
-        if cv is not None and cv.is_const:
-            self.cq = np.rint(self.beta * cv.data.astype(np.float64) / acc_scale).astype(np.int64)
-        self.acc_scale = acc_scale
-        self.mult = acc_scale / np.float64(self.ys)
+        self.c_const = cv.data.astype(np.float64) if cv is not None and cv.is_const else None
+        if self.xs is not None:
+            self.acc_scale, self.cq = self._scales(self.xs)
+
+    def _scales(self, xs):
+        acc_scale = np.float64(xs) * self.ws.astype(np.float64) * self.alpha  # (N,)
+        cq = None if self.c_const is None else np.rint(self.beta * self.c_const / acc_scale).astype(np.int64)
+        return acc_scale, cq
 
     def __call__(self, a, b, c=None, **attrs):
         if self.trans_a:
             a = a.T
-        aq = q.quantize_act(a, self.xs, self.xz, self.bits)
+        xs, xz, acc_scale, cq = (self.xs, self.xz, self.acc_scale, self.cq) if self.xs is not None \
+            else (*_dynamic(a, self.bits), *self._scales(_dynamic(a, self.bits)[0]))
+        aq = q.quantize_act(a, xs, xz, self.bits)
         if self.saturate:
-            acc = _saturating_matmul(aq, self.xz, self.wq)
+            acc = _saturating_matmul(aq, xz, self.wq)
         else:
-            acc = np.matmul((aq - self.xz).astype(np.float64), self.wq.astype(np.float64))
-        if self.cq is not None:
-            acc = acc + self.cq
+            acc = np.matmul((aq - xz).astype(np.float64), self.wq.astype(np.float64))
+        if cq is not None:
+            acc = acc + cq
         elif c is not None:  # a computed addend joins in real numbers before requantization
-            real = acc * self.acc_scale + self.beta * c.astype(np.float64)
+            real = acc * acc_scale + self.beta * c.astype(np.float64)
+            if self.fused or self.ys is None:
+                return real.astype(np.float32)
             yq = np.clip(np.rint(real / np.float64(self.ys)) + self.yz, 0, q.ACT_QMAX[self.bits]).astype(np.int64)
             return q.dequantize(yq, self.ys, self.yz)
-        return self._out(acc, self.mult)
+        return self._out(acc, acc_scale)
 
 
 def _pair_sums(x_pairs_even, x_pairs_odd, w_even, w_odd):

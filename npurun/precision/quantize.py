@@ -54,13 +54,20 @@ def quantize_act(x: np.ndarray, scale, zp: int, bits: int = 8) -> np.ndarray:
     return np.clip(q, 0, ACT_QMAX[bits])
 
 
-def weight_params(w: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def weight_params(w: np.ndarray, axis: int = 0, scale=None) -> tuple[np.ndarray, np.ndarray]:
     """(w_q as int64, scale per channel along `axis` as float32): symmetric int8.
 
-    Each channel's clipping threshold is the one of `max|w| * r`, r in 1.00, 0.98, ..., 0.50,
+    `scale`, when given (a weight refined by gptq.py records its scales as `w8`), is used as
+    it is: the weights then lie on its grid and rounding recovers their integers exactly.
+    Otherwise each channel's clipping threshold is the one of `max|w| * r`, r in 1.00, 0.98, ..., 0.50,
     whose quantization has the least squared error on that channel's weights: a few large
     weights then cost a little clipping instead of coarser steps for all the others."""
     w = w.astype(np.float32)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    if scale is not None:
+        scale = np.asarray(scale, np.float32)
+        return np.clip(np.rint(w / scale.reshape(shape)), -W_QMAX, W_QMAX).astype(np.int64), scale
     wc = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)  # (channels, weights per channel)
     amax = np.abs(wc).max(axis=1)
     best_err, best = np.full(len(amax), np.inf), amax.copy()
@@ -70,10 +77,14 @@ def weight_params(w: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]
         better = err < best_err
         best_err, best = np.where(better, err, best_err), np.where(better, s, best)
     scale = best.astype(np.float32)
-    shape = [1] * w.ndim
-    shape[axis] = -1
     q = np.clip(np.rint(w / scale.reshape(shape)), -W_QMAX, W_QMAX).astype(np.int64)
     return q, scale
+
+
+def recorded_scale(value):
+    """A weight constant's recorded channel scales (`w8`, set by gptq.py), or None."""
+    s = value.calib.get("w8") if value is not None else None
+    return None if s is None else np.asarray(s, np.float32)
 
 
 def requantize(acc: np.ndarray, mult: np.ndarray, zp: int, bits: int) -> np.ndarray:
