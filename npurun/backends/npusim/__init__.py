@@ -6,8 +6,9 @@ reference backend's) and accounts for what the device would spend: per-node cycl
 overheads, energy and temperature (`Program.last_report`, a `simulate.Report`). Precision
 emulation: values are computed at the graph's own dtypes; with `emulate_fp16=True` every
 float32 result of a node that runs at fp16 is rounded to fp16 storage, as the device keeps it.
-int8 (w8a8) arithmetic is not emulated here (that is the quantization pass's issue): an
---precision int8 estimate times int8 but computes float.
+Nodes that carry a precision (`conv_i8`, `matmul_f16`, ... as `npurun.compile` sets them) are
+computed exactly at that precision by `Program` (npurun/precision/emulate.py); a plain float
+graph estimated with `--precision int8` is timed as int8 but computed in float.
 """
 from __future__ import annotations
 
