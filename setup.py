@@ -5,6 +5,7 @@ The extension is a plain shared library loaded with ctypes (npurun/backends/cpu/
 compiled for AVX2 + FMA. It is optional: where there is no C compiler the install still
 succeeds and the cpu backend runs its NumPy kernels, with the reason shown by `npurun info`.
 """
+import glob
 import platform
 
 from setuptools import Extension, setup
@@ -12,8 +13,9 @@ from setuptools import Extension, setup
 x86 = platform.machine().lower() in ("x86_64", "amd64")
 ext = Extension(
     "npurun.backends.cpu._kernels",
-    sources=["csrc/conv.c", "csrc/winograd.c"],
-    depends=["csrc/act.h", "csrc/act512.h", "csrc/conv_tile.h", "csrc/wino_tpl.h"],
+    # Every C file of csrc/ is one translation unit of the library; headers are templates.
+    sources=sorted(glob.glob("csrc/*.c")),
+    depends=sorted(glob.glob("csrc/*.h")),
     extra_compile_args=["-O3", "-mavx2", "-mfma", "-std=c11", "-fno-math-errno"],
     optional=True,
 )

@@ -86,8 +86,13 @@ def _dynamic(x: np.ndarray, bits: int) -> tuple[np.float32, int]:
     """Run-time (scale, zero point) of an uncalibrated activation, as ONNX's
     DynamicQuantizeLinear defines them (range widened to include 0; what the ort and torch
     backends export for such a node): scale = (max - min) / qmax, zp = rint(-min / scale)."""
-    lo, hi = min(0.0, float(x.min(initial=0.0))), max(0.0, float(x.max(initial=0.0)))
-    return q.act_params({"min": lo, "max": hi}, bits)
+    # float32 throughout, as the operator's definition computes it
+    lo = np.minimum(np.float32(0), x.min(initial=np.float32(0)).astype(np.float32))
+    hi = np.maximum(np.float32(0), x.max(initial=np.float32(0)).astype(np.float32))
+    qmax = q.ACT_QMAX[bits]
+    scale = np.float32((hi - lo) / np.float32(qmax)) if hi > lo else np.float32(1.0)
+    zp = int(np.clip(np.rint(np.float32(0) - lo / scale), 0, qmax))
+    return scale, zp
 
 
 def _const(graph, node, name, role):

@@ -20,6 +20,7 @@ from .. import register
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
 from . import conv, fuse, native, nativeconv
+from .ops import FACTORIES
 
 ACTIVATIONS = native.ACTIVATIONS
 BIG = 1 << 16  # elements; a smaller activation is not worth a second thread
@@ -34,6 +35,8 @@ class CpuProgram(Program):
         if native.LIB is not None:
             for a in ACTIVATIONS:
                 kernels[a] = self._activation(a)
+        for op, make in FACTORIES.items():  # cpu/ops/: attention, recurrent cells, ...
+            kernels[op] = make(self)
         super().__init__(graph, kernels, backend.name)
         # id(fused-away node) -> the conv that now computes it (ops-report shows this)
         self.fused = fuse.fuse_epilogues(self, native.LIB is not None)
@@ -114,11 +117,11 @@ def conv_is_dense(node, graph) -> bool:
 
 
 def is_float32(node, graph) -> bool:
-    """Not float32; the fast kernels compute in float32."""
-    return graph is None or not node.inputs or graph.values[node.inputs[0]].dtype == "f32"
+    """Not float32; the fast conv kernels compute in float32."""
+    return node.op != "conv" or graph is None or graph.values[node.inputs[0]].dtype == "f32"
 
 
-CPU_KERNELS = {"conv"} | (set(ACTIVATIONS) if native.LIB is not None else set())
+CPU_KERNELS = {"conv"} | (set(ACTIVATIONS) if native.LIB is not None else set()) | set(FACTORIES)
 
 
 def _doc() -> str:
