@@ -34,12 +34,24 @@ def concrete_values(g: Graph, input_shapes: dict[str, tuple]) -> dict:
         if not bind(g.values[name].shape, shape, env):
             raise InputError(f"{g.source}: input {name!r} cannot have shape {list(shape)}")
         vals[name] = replace(g.values[name], shape=shape)
+    from ..passes.fold_constants import try_fold
     for n in g.nodes:
         try:
             for nm, (shape, dtype, kind) in zip(n.outputs, infer_node(n, vals)):
                 vals[nm] = replace(g.values[nm], shape=tuple(shape), dtype=dtype, kind=kind)
         except NpurunError:  # inference needs computed values: keep the graph's own types
-            pass
+            continue
+        # Shape arithmetic (shape -> gather -> concat -> reshape) becomes known once the
+        # input shapes are: fold it, so the values downstream get concrete shapes too.
+        shapes = [vals[o].shape for o in n.outputs]
+        if n.op in ("shape", "size") or all(_static(s) for s in shapes):
+            try:
+                res = try_fold(n, vals, shapes)
+            except Exception:  # noqa: BLE001 - a node that cannot fold is simply computed later
+                res = None
+            if res is not None:
+                for nm, arr in zip(n.outputs, res):
+                    vals[nm] = replace(vals[nm], shape=tuple(arr.shape), data=arr)
     return vals
 
 
