@@ -62,15 +62,22 @@ def test_matches_onnxruntime(graph, device, rng):
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
 
 
-def test_beats_bicubic_on_held_out_photos(graph):
-    exe = npurun.Executor("cpu")
+def held_out_psnrs(graph, device="cpu") -> list[tuple[float, float]]:
+    """(ESPCN, bicubic) luma PSNR of each held-out photo through the full RGB upscale recipe."""
+    exe = npurun.Executor(device)
     run = lambda y: exe.run_sync(graph, {"input": y})["output"]  # noqa: E731
-    gains = []
+    out = []
     for name in HELD_OUT:
         hr, lr = hr_lr(Image.open(DATA / name))
-        ours = espcn.upscale(lr, run, 3)
-        bicubic = lr.resize(hr.size, Image.BICUBIC)
-        g = psnr(luma(ours), luma(hr)) - psnr(luma(bicubic), luma(hr))
+        out.append((psnr(luma(espcn.upscale(lr, run, 3)), luma(hr)),
+                    psnr(luma(lr.resize(hr.size, Image.BICUBIC)), luma(hr))))
+    return out
+
+
+def test_beats_bicubic_on_held_out_photos(graph):
+    gains = []
+    for name, (ours, bicubic) in zip(HELD_OUT, held_out_psnrs(graph)):
+        g = ours - bicubic
         print(f"{name}: ESPCN - bicubic = {g:+.2f} dB")
         gains.append(g)
     # Issue A asks for >= 1.0 dB; the shipped model reaches 0.89 dB with the training script's
