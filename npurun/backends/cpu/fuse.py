@@ -7,13 +7,15 @@ result never reaches memory. Patterns:
 
 A pattern fuses only where the intermediate values have no other reader and are not graph
 outputs; the fused step takes the conv's place, which is safe because the activation reads
-nothing but the conv's result (and constants).
+nothing but the conv's result (and constants). Readers are counted over the Program's steps,
+so chains.py's rewrites (run before: hard-swish chains to one step, affines folded into convs;
+after: the remaining affine/activation runs) compose with this fusion.
 """
 from __future__ import annotations
 
 from ...ir.graph import Node
 from ...ir.ops import OPS
-from . import conv
+from . import chains, conv
 from .native import ACTIVATIONS
 
 
@@ -31,9 +33,28 @@ def _epilogue_ok(act: Node, graph, native: bool) -> bool:
 
 
 def fuse_epilogues(prog, native: bool) -> dict[int, Node]:
+    """Rewrite prog.steps; return {id(node fused away): the step node that computes it now}."""
+    fused: dict[int, Node] = {}
+    chains.hard_swish(prog, fused)
+    chains.compact(prog)
+    chains.fold_into_conv(prog, fused)
+    chains.compact(prog)
+    fused.update(_epilogues(prog, native))
+    if native:
+        chains.affine_runs(prog, fused)
+        chains.compact(prog)
+    return fused
+
+
+def _epilogues(prog, native: bool) -> dict[int, Node]:
     graph = prog.graph
-    readers = graph.consumers()
-    outputs = set(graph.outputs)
+    readers: dict[str, list[Node]] = {}
+    for st in prog.steps:
+        for i in st[0].inputs:
+            if i:
+                readers.setdefault(i, []).append(st[0])
+    captured = {c for n in graph.nodes for r in n.regions.values() for c in r.captures()}
+    outputs = set(graph.outputs) | captured
     index = {id(s[0]): k for k, s in enumerate(prog.steps)}
     fused: dict[int, Node] = {}
     drop: set[int] = set()

@@ -1,7 +1,8 @@
 """2-D convolution through the compiled kernels (csrc/): dense and grouped convs as an
 implicit GEMM with the bias and activation fused (conv.c), 3x3 stride-1 dense convs with
 enough channels as Winograd F(4x4, 3x3) (winograd.c; the rule is winograd.chosen), depthwise
-convs as a direct kernel.
+convs as a direct kernel, strided convs and convs on small images as im2col + BLAS sgemm
+(`gemm_chosen`).
 
 Work is split into bands of output rows (dense) or of channels (depthwise), one ctypes call
 per band; ctypes drops the GIL, so the bands run on the backend's threads in parallel.
@@ -49,7 +50,8 @@ def pack(w: np.ndarray, b: np.ndarray | None, group: int):
 
 def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str | None = None,
            algo: str | None = None):
-    """algo: None picks by winograd.chosen; "direct" or "winograd" forces one (tests)."""
+    """algo: None picks by gemm_chosen / winograd.chosen; "direct", "winograd" or "gemm" forces
+    one (tests)."""
     x = np.ascontiguousarray(x)  # the kernels index a dense (N, C, H, W) block; a view may be strided
     n, c, h, wd = x.shape
     m, cg, kh, kw = w.shape
@@ -74,6 +76,12 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
                                     code, alpha, beta, ptr(y[i]), ho, wo, c0, c1))
         _run(run_dw, jobs, pool, threads)
         return y
+    # (1 thread only: at 2, OpenBLAS's own threads and the pool's fight over the cores, 5x slower)
+    if algo == "gemm" or (algo is None and threads == 1 and min(*begin, *end) >= 0
+                          and gemm_chosen(c, m, group, geo, ho, wo)):
+        if group != 1:
+            raise BackendError(f"cpu conv: algo='gemm' needs a dense conv (group 1), got group {group}")
+        return _gemm(x, w, b, geo, end, code, alpha, beta, y, cache)
     if algo == "winograd" or (algo is None and winograd.chosen(c, m, group, geo, ho, wo, isa or native.ISA)):
         if group != 1 or geo[:6] != (3, 3, 1, 1, 1, 1):
             raise BackendError(f"cpu conv: algo='winograd' needs a 3x3 stride-1 dilation-1 dense conv, "
@@ -102,6 +110,56 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
         _check(kernel(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo,
                       code, alpha, beta, ptr(y[i, g * mg:]), ho, wo, r0, r1, 0, nt))
     _run(run, jobs, pool, threads)
+    return y
+
+
+def gemm_chosen(c: int, m: int, group: int, geo: tuple, ho: int, wo: int) -> bool:
+    """im2col + BLAS sgemm for dense convs where the implicit GEMM's 4-channel x 1-3-vector
+    tiles run short or gather: strided convs (the gather is scalar), and small images (a row of
+    10-20 pixels fills one vector of a tile; Winograd pads a 10x10 image to 1.9x its work).
+    Measured on YOLOv8n's shapes (docs/cpu.md, "Small images"): 0.46-0.9x the time of the
+    chosen kernel there; 1.3-2.9x on 3x3 stride-1 convs over >= 20x20 images (Winograd wins)
+    and on 1x1 convs over big images with few channels."""
+    if group != 1 or c * m < 256:
+        return False
+    k1 = geo[0] == geo[1] == 1
+    if geo[2] > 1 or geo[3] > 1:
+        return True
+    if k1:
+        return ho * wo <= 400 and c * m >= 32768
+    return ho * wo <= 144
+
+
+def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache):
+    """y[i] = act([W | bias] @ [im2col(x[i]); 1]): the bias rides the GEMM as a row of ones;
+    one sgemm call per image (BLAS threads: the program's parallelism), then the activation
+    in place. im2col is one strided NumPy copy from a zero-padded image."""
+    n, c, h, wd = x.shape
+    m, ho, wo = y.shape[1:]
+    kh, kw, sh, sw, dh, dw, pt, pl = geo
+    k = c * kh * kw
+    if "gemm" not in cache:
+        wb = np.empty((m, k + 1), np.float32)
+        wb[:, :k] = w.reshape(m, k)
+        wb[:, k] = 0 if b is None else b
+        cache["gemm"] = wb
+    wb = cache["gemm"]
+    pb, pr = max(0, end[0]), max(0, end[1])
+    bmat = np.empty((k + 1, ho * wo), np.float32)
+    bmat[k] = 1
+    for i in range(n):
+        if pt or pl or pb or pr:
+            xp = np.zeros((c, h + pt + pb, wd + pl + pr), np.float32)
+            xp[:, pt:pt + h, pl:pl + wd] = x[i]
+        else:
+            xp = x[i]
+        cs, rs, es = xp.strides
+        view = np.lib.stride_tricks.as_strided(xp, (c, kh, kw, ho, wo), (cs, rs * dh, es * dw, rs * sh, es * sw))
+        bmat[:k].reshape(c, kh, kw, ho, wo)[...] = view
+        yi = y[i].reshape(m, ho * wo)
+        np.matmul(wb, bmat, out=yi)
+        if code:
+            LIB.npr_activation(ptr(yi), ptr(yi), yi.size, code, alpha, beta)
     return y
 
 
@@ -150,11 +208,16 @@ def _bands(rows: int, threads: int, flops: float) -> list[tuple[int, int]]:
 
 
 def _run(fn, jobs, pool, threads):
+    """Run the jobs on the pool, the first one on the calling thread: one thread fewer to wake
+    per conv (YOLOv8n has 57 small ones; on a busy machine every wake-up can wait a slice)."""
     if pool is None or threads == 1 or len(jobs) == 1:
         for j in jobs:
             fn(j)
     else:
-        list(pool.map(fn, jobs))
+        futs = [pool.submit(fn, j) for j in jobs[1:]]
+        fn(jobs[0])
+        for f in futs:
+            f.result()
 
 
 def _check(rc: int):
