@@ -125,10 +125,10 @@ def test_silu_and_clip_fuse_into_conv_and_match_reference(rng):
 
 def test_unfused_activations_run_the_compiled_kernel(rng):
     g = parse("""
-    op tanh @t (x: [3, 50] f32 -> y: [3, 50] f32)
-    op sigmoid @s (y: [3, 50] f32 -> z: [3, 50] f32)
-    """)
+    op tanh @t (x: [3, 2000] f32 -> y: [3, 2000] f32)
+    op sigmoid @s (y: [3, 2000] f32 -> z: [3, 2000] f32)
+    """)  # 6000 elements: above cpu.SMALL, so the compiled kernel runs (smaller ones take NumPy)
     g.inputs = ["x"]
-    x = nonzero_normal(rng, (3, 50))
+    x = nonzero_normal(rng, (3, 2000))
     got = npurun.Executor("cpu", parallelism=1).run_sync(g, {"x": x})["z"]
     np.testing.assert_allclose(got, KERNELS["sigmoid"](KERNELS["tanh"](x)), rtol=1e-5, atol=1e-6)

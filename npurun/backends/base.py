@@ -9,6 +9,7 @@ computes the numbers a device at that precision would. Device strings are
 """
 from __future__ import annotations
 
+import operator
 from typing import Callable
 
 import numpy as np
@@ -96,12 +97,33 @@ class Program:
     """A compiled graph: a flat list of kernel calls in topological order, with each value
     released right after its last reader, so a run holds only the values still needed.
     A control-flow node's regions compile to sub-programs; its kernel gets them as callables
-    (`_regions`) that run the subgraph with the current run's values in scope."""
+    (`_regions`) that run the subgraph with the current run's values in scope.
 
-    def __init__(self, graph: Graph, kernels: dict, backend: str):
+    `steps` is the public form, (node, kernel, attrs, values dead after it) per step, which
+    backends and tools rewrite (fusion, profiling, calibration observers). A run executes a
+    *plan* derived from it once (`_plan`): input and output names as tuples, the node's label,
+    and a kind per step, so the loop does no dict lookups beyond the run's values:
+
+    - a plain kernel call;
+    - `identity` (the reference kernel, which returns its input): an alias, no call;
+    - `if` (the reference kernel): the chosen branch's sub-program runs directly (no closures
+      per run), other control flow gets its `_regions` callables as the kernel contract says.
+
+    The plan is rebuilt whenever `steps` is replaced or any of its entries changes.
+
+    Programs of the backends in FOLDING also fold at compile time every node whose inputs are
+    all known before a run (constants, constants of the enclosing graphs a region captures,
+    results folded before it, `shape`/`size` of a value whose shape is static), computed by
+    the node's own kernel, so the result is exactly what running it would give. Exporters emit
+    long chains of those (silero-vad's LSTM slices its weights into gates and concatenates
+    them back on every run).
+    """
+
+    def __init__(self, graph: Graph, kernels: dict, backend: str, known: dict | None = None):
         self.graph = graph
         self.backend = backend
         self.kernels = kernels
+        folding = backend in FOLDING
         # A node reads its inputs and whatever its regions capture from this graph.
         reads = [list(n.inputs) + [c for r in n.regions.values() for c in r.captures()] for n in graph.nodes]
         last_use: dict[str, int] = {}
@@ -110,6 +132,12 @@ class Program:
                 if nm:
                     last_use[nm] = i
         keep = set(graph.outputs) | set(graph.inputs)
+        self.consts = {v.name: v.data for v in graph.constants()}
+        captures = graph.captures()
+        # Values known before any run: this graph's constants and, in a region, the enclosing
+        # graphs' constants (and folded values) it captures.
+        known = {**{nm: known[nm] for nm in captures if known and nm in known}, **self.consts} if folding else {}
+        folded: dict[str, np.ndarray] = {}
         self.steps = []
         self.subprograms: dict[int, dict[str, Program]] = {}
         for i, n in enumerate(graph.nodes):
@@ -120,6 +148,12 @@ class Program:
                 from ..precision.emulate import emulating
                 fn = emulating(n, fn, graph)
             attrs = OPS[n.op].attrs_of(n)
+            if folding and not keep.intersection(n.outputs):
+                res = _fold(n, fn, attrs, known, graph)
+                if res is not None:
+                    known.update(res)
+                    folded.update(res)
+                    continue
             dead = [nm for nm in dict.fromkeys(reads[i]) if nm and last_use.get(nm) == i
                     and nm not in keep and nm in graph.values and not graph.values[nm].is_const]
             dead += [o for o in n.outputs if o not in last_use and o not in keep]
@@ -127,15 +161,43 @@ class Program:
             if n.regions:
                 for r in n.regions.values():
                     r.source = graph.source
-                self.subprograms[id(n)] = {k: Program(r, kernels, backend) for k, r in n.regions.items()}
-        self.consts = {v.name: v.data for v in graph.constants()}
-        self.captured = graph.captures()
+                self.subprograms[id(n)] = {k: self._subprogram(r, known) for k, r in n.regions.items()}
+        # Folded values a remaining step (or a region of one) still reads become constants.
+        needed = set(graph.outputs)
+        for n, *_ in self.steps:
+            needed.update(n.inputs)
+            for r in n.regions.values():
+                needed.update(r.captures())
+        self.consts.update({nm: v for nm, v in folded.items() if nm in needed})
+        self.folded = len(folded)
+        self.captured = [nm for nm in captures if nm in needed and nm not in self.consts]
+        self._plan_src: tuple = ()
+        self._plan: list = []
+        self._checked: dict = {}  # input signatures check_inputs passed through unchanged
+
+    def _subprogram(self, region: Graph, known: dict) -> "Program":
+        return Program(region, self.kernels, self.backend, known)
 
     def run(self, feeds: dict[str, np.ndarray], progress: Progress | None = None) -> dict[str, np.ndarray]:
         env = dict(self.consts)
-        env.update(check_inputs(self.graph, feeds))
+        env.update(self._check(feeds))
         self._execute(env, progress)
         return {nm: env[nm] for nm in self.graph.outputs}
+
+    def _check(self, feeds: dict) -> dict:
+        """check_inputs, skipped for a signature (names, dtypes, shapes of C-contiguous arrays)
+        it has already passed through unchanged: a stream of same-shaped runs checks once."""
+        try:
+            sig = tuple((k, a.dtype, a.shape) for k, a in feeds.items() if a.flags.c_contiguous)
+        except AttributeError:  # not all arrays
+            sig = None
+        if sig is not None and len(sig) == len(feeds) and sig in self._checked:
+            return feeds
+        out = check_inputs(self.graph, feeds)
+        if sig is not None and len(sig) == len(feeds) and len(self._checked) < 64 \
+                and all(out[k] is v for k, v in feeds.items()):
+            self._checked[sig] = True
+        return out
 
     def call(self, inputs: list, outer: dict) -> list:
         """Run this program as a region: positional inputs, captures read from `outer`."""
@@ -145,27 +207,104 @@ class Program:
         self._execute(env, None)
         return [env[nm] for nm in self.graph.outputs]
 
-    def _execute(self, env: dict, progress: Progress | None) -> None:
-        total = len(self.steps)
-        for i, (n, fn, attrs, dead) in enumerate(self.steps):
-            args = [env[nm] if nm else None for nm in n.inputs]
+    def _plan_steps(self) -> list:
+        """The plan of the current `steps` (see the class docstring), cached."""
+        steps = self.steps
+        src = self._plan_src
+        if len(src) == len(steps) and all(map(operator.is_, src, steps)):
+            return self._plan
+        from .reference.kernels import KERNELS as REF
+        plan = []
+        for n, fn, attrs, dead in steps:
             subs = self.subprograms.get(id(n))
-            if subs:
-                attrs = {**attrs, "_regions": {k: (lambda ins, p=p: p.call(ins, env)) for k, p in subs.items()}}
-            try:
-                res = fn(*args, **attrs)
-            except NpurunError:
-                raise
-            except Exception as e:  # a kernel failure names the node, never a bare traceback
-                raise NpurunError(f"{self.graph.source}: {n.label()} failed on inputs ({_describe(args)}): "
-                                  f"{e.__class__.__name__}: {e}") from e
-            res = res if isinstance(res, tuple) else (res,)
-            for nm, arr in zip(n.outputs, res):
-                env[nm] = arr
+            ins, outs = tuple(n.inputs), tuple(n.outputs)
+            if subs and fn is REF.get("if") and set(subs) == {"then_branch", "else_branch"} and len(ins) == 1:
+                kind = _IF
+            elif subs:
+                kind = _REGIONS
+            elif fn is REF.get("identity") and len(ins) == 1 and ins[0] and len(outs) == 1:
+                kind = _ALIAS
+            else:
+                kind = _CALL
+            plan.append((kind, fn, ins, outs, attrs, tuple(dead), subs, n.label()))
+        self._plan, self._plan_src = plan, tuple(steps)
+        return plan
+
+    def _execute(self, env: dict, progress: Progress | None) -> None:
+        plan = self._plan_steps()
+        total = len(plan)
+        env[""] = None  # an omitted optional input reads as None
+        get = env.__getitem__
+        i = 0
+        for kind, fn, ins, outs, attrs, dead, subs, label in plan:
+            i += 1
+            if kind == _ALIAS:
+                env[outs[0]] = env[ins[0]]
+            else:
+                try:
+                    if kind == _CALL:
+                        res = fn(*map(get, ins), **attrs)
+                    elif kind == _IF:
+                        c = env[ins[0]]
+                        res = tuple(subs["then_branch" if bool(np.asarray(c).reshape(-1)[0]) else "else_branch"].call([], env))
+                    else:
+                        regions = {k: (lambda xs, p=p: p.call(xs, env)) for k, p in subs.items()}
+                        res = fn(*map(get, ins), **attrs, _regions=regions)
+                except NpurunError:
+                    raise
+                except Exception as e:  # a kernel failure names the node, never a bare traceback
+                    args = [env.get(nm) for nm in ins]
+                    raise NpurunError(f"{self.graph.source}: {label} failed on inputs ({_describe(args)}): "
+                                      f"{e.__class__.__name__}: {e}") from e
+                if isinstance(res, tuple):
+                    for nm, arr in zip(outs, res):
+                        env[nm] = arr
+                elif outs:
+                    env[outs[0]] = res
             for nm in dead:
                 env.pop(nm, None)
             if progress:
-                progress(i + 1, total, n.label())
+                progress(i, total, label)
+        del env[""]
+
+
+_CALL, _ALIAS, _IF, _REGIONS = range(4)
+# Backends whose programs fold constant nodes at compile time. The reference backend runs
+# every node as written; the others translate steps into their own programs.
+FOLDING = frozenset({"cpu"})
+MAX_FOLD_ELEMENTS = 1 << 18  # larger folded results would be kept resident: computed per run
+
+
+def _fold(n, fn, attrs, known: dict, graph: Graph) -> dict | None:
+    """{output name: value} of node `n` if it can be computed now, else None."""
+    if n.regions or OPS[n.op].groups & {"control", "sequence", "optional"} or not n.inputs:
+        return None
+    if n.op in ("shape", "size") and n.inputs[0] not in known:
+        v = graph.values.get(n.inputs[0])
+        if v is None or v.kind != "tensor" or not all(isinstance(d, int) for d in v.shape):
+            return None
+        shape = np.array(v.shape, dtype=np.int64)
+        if n.op == "size":
+            return {n.outputs[0]: np.array(int(np.prod(shape)), dtype=np.int64)}
+        return {n.outputs[0]: shape[attrs["start"]:attrs["end"]]}
+    if not all(nm in known for nm in n.inputs if nm) or not any(n.inputs):
+        return None
+    return _run_fold(n, fn, attrs, known)
+
+
+def _run_fold(n, fn, attrs, known: dict) -> dict | None:
+    try:
+        with np.errstate(all="ignore"):
+            res = fn(*[known[nm] if nm else None for nm in n.inputs], **attrs)
+    except Exception:  # noqa: BLE001 -- it fails again at run time, naming the node
+        return None
+    res = res if isinstance(res, tuple) else (res,)
+    if len(res) != len(n.outputs) or not all(isinstance(r, (np.ndarray, np.generic)) for r in res):
+        return None
+    res = [np.asarray(r) for r in res]
+    if sum(r.size for r in res) > MAX_FOLD_ELEMENTS or any(r.dtype == object for r in res):
+        return None
+    return dict(zip(n.outputs, res))
 
 
 def _describe(args) -> str:

@@ -156,8 +156,10 @@ class Executor:
     # --- running
     def submit(self, model, inputs, progress=None, *, priority: int | None = None,
                timeout: float | None = None, name: str | None = None, profile: bool = False,
-               group: str | None = None) -> TaskFuture:
-        """Queue a run; returns a Future of its outputs (`fut.task` holds its counters)."""
+               group: str | None = None, inline: bool = False) -> TaskFuture:
+        """Queue a run; returns a Future of its outputs (`fut.task` holds its counters).
+        `inline`: when the device is free the run happens on this thread before submit
+        returns (what run_sync does: no thread handoff for a small model's run)."""
         if self._closed:
             raise NpurunError(f"{self!r} is closed")
         program, _ = self.planned(model, inputs)
@@ -168,7 +170,7 @@ class Executor:
         fut = self.scheduler.submit(program, feeds, priority=priority, timeout=timeout, progress=progress,
                                     name=name or (Path(src).stem if src and not src.startswith("<") else program.graph.name),
                                     step_macs=self.step_macs(program, feeds), profile=profile, owner=self,
-                                    group=group)
+                                    group=group, inline=inline)
         with self._lock:
             self._inflight.add(fut)
         fut.add_done_callback(self._done)
@@ -180,7 +182,7 @@ class Executor:
 
     def run_sync(self, model, inputs, progress=None, *, priority: int | None = None,
                  timeout: float | None = None) -> dict[str, np.ndarray]:
-        return self.submit(model, inputs, progress, priority=priority, timeout=timeout).result()
+        return self.submit(model, inputs, progress, priority=priority, timeout=timeout, inline=True).result()
 
     async def run(self, model, inputs, progress=None, *, priority: int | None = None,
                   timeout: float | None = None) -> dict[str, np.ndarray]:

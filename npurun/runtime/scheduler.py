@@ -40,6 +40,7 @@ Time comes from `clock` (time.monotonic by default) so tests drive it with a fak
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 import traceback
@@ -52,6 +53,8 @@ PRIORITIES = (0, 1, 2, 3)
 DEFAULT_PRIORITY = 2
 
 WAITING, RUNNING, DONE = "waiting", "running", "done"
+# Seconds an idle task thread or the watchdog waits for work before it exits (real time).
+IDLE_S = 2.0
 
 
 class TaskCancelled(NpurunError):
@@ -155,6 +158,10 @@ class Scheduler:
         self.duty = 1.0
         self.clock = clock
         self._cv = threading.Condition(threading.Lock())
+        # The watchdog sleeps on its own condition (same lock): it polls every <= 50 ms, so the
+        # notify_all of every slice boundary and completion need not wake it (a wake-up costs
+        # a GIL handoff, which is more than a small model's whole run).
+        self._wd_cv = threading.Condition(self._cv._lock)
         self._ids = itertools.count(1)
         self._seq = itertools.count()
         self._waiting: list[Task] = []
@@ -163,6 +170,8 @@ class Scheduler:
         self._rest_until = [0.0] * self.lanes  # duty cycling: lane may take work from then on
         self._paused = False
         self._watchdog: threading.Thread | None = None
+        self._idle: list[queue.SimpleQueue] = []  # handoff slots of idle task threads
+        self._idle_lock = threading.Lock()
         self.recent: list[dict] = []  # snapshots of finished tasks, newest last (bounded)
         self.live: dict[int, Task] = {}
         # device counters
@@ -178,7 +187,10 @@ class Scheduler:
     # ------------------------------------------------------------------ public
     def submit(self, program, feeds, *, priority: int = DEFAULT_PRIORITY, timeout: float | None = None,
                name: str = "", progress=None, step_macs=None, profile=False, owner=None,
-               group: str | None = None) -> TaskFuture:
+               group: str | None = None, inline: bool = False) -> TaskFuture:
+        """Queue a run of `program`. With `inline`, a task that gets a unit at once runs on the
+        calling thread before this returns (the caller is about to block on its future anyway:
+        no thread handoff); one that must wait runs on a task thread as usual."""
         if priority not in PRIORITIES:
             raise NpurunError(f"priority must be one of 0 (highest), 1, 2, 3, got {priority!r}")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
@@ -199,7 +211,12 @@ class Scheduler:
             self._enqueue(task, now)
             started = self._dispatch(now)
             self._ensure_watchdog()
-        self._start(started)
+        if inline and task in started:
+            started.remove(task)
+            self._start(started)
+            self._task_main(task)
+        else:
+            self._start(started)
         return fut
 
     def pause(self):
@@ -212,6 +229,7 @@ class Scheduler:
             self._paused = False
             started = self._dispatch(self.clock())
             self._cv.notify_all()
+            self._wd_cv.notify_all()
         self._start(started)
 
     def set_operating(self, active_units: int | None = None, duty: float | None = None):
@@ -223,6 +241,7 @@ class Scheduler:
                 self.duty = min(1.0, max(0.05, float(duty)))
             started = self._dispatch(self.clock())
             self._cv.notify_all()
+            self._wd_cv.notify_all()
         self._start(started)
 
     def tasks(self) -> list[dict]:
@@ -351,8 +370,35 @@ class Scheduler:
 
     # ------------------------------------------------------------------ task threads
     def _start(self, tasks: list[Task]):
+        """Run each task on a thread of its own: an idle task thread if one waits (starting a
+        thread costs ~50-300 us, more than a small model's run), else a new one."""
         for t in tasks:
-            threading.Thread(target=self._task_main, args=(t,), name=f"npurun-task-{t.id}", daemon=True).start()
+            with self._idle_lock:
+                slot = self._idle.pop() if self._idle else None
+            if slot is not None:
+                slot.put(t)
+            else:
+                threading.Thread(target=self._task_thread, args=(t,), name=f"npurun-task-{t.id}", daemon=True).start()
+
+    def _task_thread(self, task: Task | None):
+        """A task thread: runs its task, then waits up to IDLE_S for the next one."""
+        me = threading.current_thread()
+        while task is not None:
+            me.name = f"npurun-task-{task.id}"
+            self._task_main(task)
+            task = None  # no reference to the finished task while idle
+            slot: queue.SimpleQueue = queue.SimpleQueue()
+            with self._idle_lock:
+                self._idle.append(slot)
+            try:
+                task = slot.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._idle_lock:
+                    handed = slot not in self._idle
+                    if not handed:
+                        self._idle.remove(slot)
+                if handed:  # _start took the slot just now: its task is on the way
+                    task = slot.get()
 
     def _task_main(self, task: Task):
         result = error = None
@@ -483,6 +529,7 @@ class Scheduler:
             self._watchdog.start()
 
     def _watch(self):
+        idle_since = None
         while True:
             expired, started = [], []
             with self._cv:
@@ -495,11 +542,16 @@ class Scheduler:
                 wakes = [t.deadline for t in self._waiting if t.deadline is not None]
                 wakes += [r for r in self._rest_until if r > now]
                 if not self._waiting and not self._running and not expired and not started:
-                    self._watchdog = None
-                    return
+                    # Linger a while: a stream of short runs would start one watchdog per run.
+                    idle_since = idle_since if idle_since is not None else time.monotonic()
+                    if time.monotonic() - idle_since >= IDLE_S:
+                        self._watchdog = None
+                        return
+                else:
+                    idle_since = None
                 delay = min((w - now for w in wakes), default=0.05)
                 if not expired and not started:
-                    self._cv.wait(timeout=min(0.05, max(0.001, delay)))
+                    self._wd_cv.wait(timeout=min(0.05, max(0.001, delay)))
             for t in expired:
                 self._finish_unstarted(t, TaskTimeout(
                     f"task {t.id} ({t.name}) did not finish within its timeout of {t.timeout:g} s "

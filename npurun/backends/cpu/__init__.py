@@ -14,7 +14,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from .. import register
 from ..base import Backend, Program
@@ -24,6 +24,7 @@ from .ops import FACTORIES
 
 ACTIVATIONS = native.ACTIVATIONS
 BIG = 1 << 16  # elements; a smaller activation is not worth a second thread
+SMALL = 4096  # elements; a smaller activation runs its NumPy reference kernel
 
 
 class CpuProgram(Program):
@@ -37,14 +38,18 @@ class CpuProgram(Program):
                 kernels[a] = self._activation(a)
         for op, make in FACTORIES.items():  # cpu/ops/: attention, recurrent cells, ...
             kernels[op] = make(self)
+        # id(fused-away node) -> the conv that now computes it (ops-report shows this); regions
+        # add theirs while the base class compiles them
+        self.fused: dict = {}
         super().__init__(graph, kernels, backend.name)
-        # id(fused-away node) -> the conv that now computes it (ops-report shows this)
-        self.fused = fuse.fuse_epilogues(self, native.LIB is not None)
-        for k, (n, fn, attrs, dead) in enumerate(self.steps):
-            # A conv with constant weights keeps them packed between runs (weights that are
-            # graph inputs may change from run to run: those are packed each time).
-            if n.op == "conv" and graph.values[n.inputs[1]].is_const:
-                self.steps[k] = (n, fn, {**attrs, "_cache": {}}, dead)
+        self.fused.update(_optimize(self))
+
+    def _subprogram(self, region, known):
+        """A control-flow region (silero's `if` branches run every chunk) gets the same
+        epilogue fusion and packed-weight caches as the top-level program."""
+        sub = Program(region, self.kernels, self.backend, known)
+        self.fused.update(_optimize(sub))
+        return sub
 
     def _conv(self, x, w, b=None, *, _act=None, _act_attrs=None, _cache=None, **attrs):
         if nativeconv.applies(x, w, attrs):
@@ -58,7 +63,8 @@ class CpuProgram(Program):
         ref = KERNELS[name]
 
         def run(x, *extra, **attrs):
-            if x.dtype != np.float32 or (name == "clip" and not _scalar_bounds(extra)):
+            # A small tensor is cheaper in NumPy than through a ctypes call (~5-10 us).
+            if x.dtype != np.float32 or x.size < SMALL or (name == "clip" and not _scalar_bounds(extra)):
                 return ref(x, *extra, **attrs)
             if name == "clip":
                 attrs = {"_min": None if extra[0] is None else float(extra[0]),
@@ -78,9 +84,31 @@ class CpuProgram(Program):
         return run
 
     def run(self, feeds, progress=None):
-        # BLAS threads are process-wide; limit them for the duration of this run only.
-        with threadpool_limits(limits=self.threads, user_api="blas"):
+        # BLAS threads are process-wide; limit them for the duration of this run only. The
+        # controller is made once: building it scans the loaded libraries (~100 us a run).
+        with _blas().limit(limits=self.threads, user_api="blas"):
             return super().run(feeds, progress)
+
+
+_BLAS: list = []
+
+
+def _blas() -> ThreadpoolController:
+    if not _BLAS:
+        _BLAS.append(ThreadpoolController())
+    return _BLAS[0]
+
+
+def _optimize(prog: Program) -> dict:
+    """Fuse epilogues and chains over `prog`'s steps; give convs with constant weights a cache
+    that keeps them packed between runs (weights that are inputs may change from run to run:
+    those are packed each time). Returns {id(node fused away): the node that computes it}."""
+    fused = fuse.fuse_epilogues(prog, native.LIB is not None)
+    for k, (n, fn, attrs, dead) in enumerate(prog.steps):
+        w = prog.graph.values.get(n.inputs[1]) if n.op == "conv" else None
+        if w is not None and w.is_const:
+            prog.steps[k] = (n, fn, {**attrs, "_cache": {}}, dead)
+    return fused
 
 
 def _reference_act(y, act, act_attrs):
@@ -106,8 +134,8 @@ def has_cpu_kernel(node, graph) -> bool:
 
 
 def conv_is_2d(node, graph) -> bool:
-    """Not a 2-D convolution; the fast conv kernels take NCHW images only."""
-    return node.op != "conv" or graph is None or len(graph.values[node.inputs[0]].shape) == 4
+    """Neither a 1-D nor a 2-D convolution; the fast conv kernels take NCL and NCHW only."""
+    return node.op != "conv" or graph is None or len(graph.values[node.inputs[0]].shape) in (3, 4)
 
 
 def conv_is_dense(node, graph) -> bool:

@@ -1,0 +1,155 @@
+"""The per-node and per-run overhead cuts of backends/base.py and the scheduler, checked by
+counting (steps, kernel calls, input checks, threads), never by wall-clock time."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import npurun
+from npurun.backends import base
+from npurun.errors import InputError, NpurunError
+from npurun.ir import parse
+
+from conftest import nonzero_normal
+
+# An exporter-style graph: a constant weight sliced into halves and concatenated back on every
+# run (foldable), a shape chain on a static shape (foldable), an identity (an alias) and an
+# `if` whose branches slice a weight they capture (foldable inside the region).
+TEXT = """input x: [2, 6] f32 DRAM0
+input c: [] bool DRAM0
+const w: [6, 6] f32 DRAM0
+const s0: [1] i64 = [0]
+const s3: [1] i64 = [3]
+const s6: [1] i64 = [6]
+const ax: [1] i64 = [0]
+const a1: [1] i64 = [1]
+op slice @top (w, s0, s3, ax -> wt: [3, 6] f32 DRAM0)
+op slice @bottom (w, s3, s6, ax -> wb: [3, 6] f32 DRAM0)
+op concat @back (wb, wt -> wc: [6, 6] f32 DRAM0) axis=0
+op matmul @mm (x, wc -> h: [2, 6] f32 DRAM0)
+op shape @shp (h -> hs: [2] i64 DRAM0)
+op identity @same (h -> h2: [2, 6] f32 DRAM0)
+op if @pick (c: [] bool DRAM0 -> y: [2, 3] f32 DRAM0) then_branch={
+  graph pick.then_branch
+  op slice @rt (wc: [6, 6] f32 DRAM0, s0: [1] i64 DRAM0, s3: [1] i64 DRAM0, ax: [1] i64 DRAM0 -> r: [3, 6] f32 DRAM0)
+  op transpose @rtt (r -> rT: [6, 3] f32 DRAM0) perm=[1, 0]
+  op matmul @rm (h2: [2, 6] f32 DRAM0, rT -> a: [2, 3] f32 DRAM0)
+  output a: [2, 3] f32 DRAM0
+} else_branch={
+  graph pick.else_branch
+  op slice @re (h2: [2, 6] f32 DRAM0, s0: [1] i64 DRAM0, s3: [1] i64 DRAM0, ax: [1] i64 DRAM0 -> b0: [2, 6] f32 DRAM0)
+  op slice @re2 (b0, s0, s3, a1: [1] i64 DRAM0 -> b: [2, 3] f32 DRAM0)
+  output b: [2, 3] f32 DRAM0
+}
+output y: [2, 3] f32 DRAM0
+output hs: [2] i64 DRAM0
+"""
+
+
+def _graph(rng):
+    return parse(TEXT, weights={"w": nonzero_normal(rng, (6, 6))})
+
+
+def _feeds(rng, c):
+    return {"x": nonzero_normal(rng, (2, 6)), "c": np.array(c)}
+
+
+def test_cpu_program_folds_constant_chains_and_matches_reference(rng):
+    g = _graph(rng)
+    cpu, ref = npurun.Executor("cpu", parallelism=1), npurun.Executor("reference")
+    prog = cpu.compile(g)
+    # slice, slice, concat fold; `shape` of a static value is an output, so it stays a step
+    # (an output must be a fresh array per run).
+    assert prog.folded == 3 and [s[0].op for s in prog.steps] == ["matmul", "shape", "identity", "if"]
+    then = prog.subprograms[id(prog.steps[3][0])]["then_branch"]
+    assert then.folded == 2 and [s[0].op for s in then.steps] == ["matmul"]  # slice of captured wc, transpose
+    assert ref.compile(g).folded == 0 and len(ref.compile(g).steps) == len(g.nodes)  # reference: as written
+    for c in (True, False):
+        f = _feeds(rng, c)
+        got, want = cpu.run_sync(g, f), ref.run_sync(g, f)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+        assert got["hs"] is not cpu.run_sync(g, f)["hs"]  # outputs are never a shared constant
+
+
+def test_plan_kinds_alias_identity_and_call_if_branches_directly(rng):
+    prog = npurun.Executor("cpu", parallelism=1).compile(_graph(rng))
+    kinds = [p[0] for p in prog._plan_steps()]
+    assert kinds == [base._CALL, base._CALL, base._ALIAS, base._IF]
+    old = prog._plan_steps()
+    prog.steps = list(prog.steps)
+    assert prog._plan_steps() is old  # cached while the entries of `steps` are the same
+    n, fn, attrs, dead = prog.steps[0]
+    prog.steps[0] = (n, fn, dict(attrs), dead)  # an entry rewritten in place: a new plan
+    assert prog._plan_steps() is not old
+
+
+def test_each_step_calls_its_kernel_once_and_inputs_are_checked_once_per_signature(rng, monkeypatch):
+    g = _graph(rng)
+    prog = npurun.Executor("cpu", parallelism=1).compile(g)
+    calls = {"check": 0, "kernel": 0}
+    real_check = base.check_inputs
+
+    def counting_check(graph, feeds):
+        calls["check"] += 1
+        return real_check(graph, feeds)
+    monkeypatch.setattr(base, "check_inputs", counting_check)
+    steps = []
+    for n, fn, attrs, dead in prog.steps:
+        def counted(*a, _fn=fn, **k):
+            calls["kernel"] += 1
+            return _fn(*a, **k)
+        steps.append((n, counted if n.op != "identity" else fn, attrs, dead))
+    prog.steps = steps
+    for _ in range(5):
+        prog.run(_feeds(rng, True))
+    assert calls == {"check": 1, "kernel": 5 * 3}  # matmul, shape, if (the identity is an alias)
+    with pytest.raises(InputError, match="dtype"):  # a new signature is checked, and refused
+        prog.run({"x": nonzero_normal(rng, (2, 6)).astype(np.float64), "c": np.array(True)})
+    with pytest.raises(InputError, match="dtype"):
+        prog.run({"x": nonzero_normal(rng, (2, 6)).astype(np.float64), "c": np.array(True)})
+    assert calls["check"] == 3
+
+
+def test_values_are_freed_after_their_last_reader(rng):
+    prog = npurun.Executor("cpu", parallelism=1).compile(_graph(rng))
+    live = []  # the run's value names when the `if` starts
+    real = prog.subprograms[id(prog.steps[3][0])]["then_branch"].call
+
+    def spy(inputs, outer):
+        live.append(set(outer))
+        return real(inputs, outer)
+    prog.subprograms[id(prog.steps[3][0])]["then_branch"].call = spy
+    prog.run(_feeds(rng, True))
+    # h was last read by `shape` and the identity: gone; h2 (captured by the branch) still there.
+    assert "h2" in live[0] and "h" not in live[0] and "x" in live[0]
+
+
+def test_a_failing_kernel_names_its_node(rng):
+    prog = npurun.Executor("cpu", parallelism=1).compile(_graph(rng))
+
+    def boom(*a, **k):
+        raise ValueError("no")
+    prog.steps = [(n, boom if n.op == "matmul" else fn, attrs, dead) for n, fn, attrs, dead in prog.steps]
+    with pytest.raises(NpurunError, match=r"node 'mm' \(matmul\) failed on inputs \(float32\[2, 6\], float32\[6, 6\]\): ValueError: no"):
+        prog.run(_feeds(rng, True))
+
+
+def test_run_sync_runs_on_the_calling_thread_and_task_threads_are_reused(rng):
+    g = _graph(rng)
+    exe = npurun.Executor("cpu", parallelism=1)
+    threads = []
+    exe.run_sync(g, _feeds(rng, True), progress=lambda i, n, lbl: threads.append(threading.get_ident()))
+    assert set(threads) == {threading.get_ident()}  # inline: no handoff to another thread
+    sched = exe.scheduler
+    idents = []
+    for _ in range(3):
+        threads.clear()
+        exe.submit(g, _feeds(rng, False), progress=lambda i, n, lbl: threads.append(threading.get_ident())).result()
+        idents.append(threads[0])
+        for _ in range(500):  # the finished task's thread parks itself as idle
+            if sched._idle:
+                break
+            time.sleep(0.002)
+    assert threading.get_ident() not in idents and len(set(idents)) == 1
