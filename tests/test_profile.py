@@ -22,7 +22,9 @@ def test_profile_writes_table_trace_and_png(tmp_path, capsys):
     assert f"{want / 1e9:.3f} GMACs" in out
     data = json.loads(trace.read_text())
     names = {e["args"]["name"] for e in data["traceEvents"] if e["name"] == "thread_name"}
-    assert {"compute unit 0", "compute unit 1"} <= names
+    # Which units the two concurrent copies land on is the scheduler's timing (a copy that
+    # finds a unit free runs at once), so only the naming is checked here.
+    assert "compute unit 0" in names and names <= {"compute unit 0", "compute unit 1"}
     spans = [e for e in data["traceEvents"] if e["ph"] == "X"]
     width = npurun.Executor("cpu", parallelism=2).scheduler.width  # units one slice holds
     assert len(spans) == 4 * 2 * 2 * width  # 4 steps (conv+tanh fused) x 2 runs x 2 copies, per unit held

@@ -19,7 +19,7 @@ from threadpoolctl import ThreadpoolController
 from .. import register
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
-from . import conv, fuse, native, nativeconv
+from . import conv, fuse, fuse_transformer, native, nativeconv
 from .ops import FACTORIES
 
 ACTIVATIONS = native.ACTIVATIONS
@@ -103,7 +103,10 @@ def _optimize(prog: Program) -> dict:
     """Fuse epilogues and chains over `prog`'s steps; give convs with constant weights a cache
     that keeps them packed between runs (weights that are inputs may change from run to run:
     those are packed each time). Returns {id(node fused away): the node that computes it}."""
-    fused = fuse.fuse_epilogues(prog, native.LIB is not None)
+    # Transformer patterns first (GELU, masked softmax, matmul + bias + residual, gathered
+    # embeddings): the chain rules would otherwise take parts of them.
+    fused = fuse_transformer.fuse(prog)
+    fused.update(fuse.fuse_epilogues(prog, native.LIB is not None))
     for k, (n, fn, attrs, dead) in enumerate(prog.steps):
         w = prog.graph.values.get(n.inputs[1]) if n.op == "conv" else None
         if w is not None and w.is_const:

@@ -1,0 +1,103 @@
+/* One ISA's sgemm with pre-packed B (included by transformer.c with VEC, VL, MR and the
+ * intrinsics defined). C (M x N) = A (M x K, row-major) @ B [+ bias (N)] [+ R (M x N)], the
+ * adds after the product in that order (as a matmul then its add nodes round them).
+ * B is packed once per weight into panels of NR = 2 VL columns, Bp[panel][k][NR], zero
+ * padded past N. A call computes panels [p0, p1) for every row: a band of columns per
+ * thread, so each thread streams only its share of the weights. Register tile MR x NR:
+ * 6 x 16 on AVX2 (12 ymm accumulators), 8 x 32 on AVX-512 (16 zmm). A short last row block
+ * reads its last row again for the missing ones and stores only the real rows. */
+
+static inline __attribute__((always_inline)) void GEMM_TILE(const float *A, long K, const float *Bp,
+        float *C, long N, int mr, int nc, const float *bias, const float *R)
+{
+    VEC c0[MR], c1[MR];
+    const float *a[MR];
+    for (int r = 0; r < MR; r++) {
+        c0[r] = VZERO(); c1[r] = VZERO();
+        a[r] = A + (r < mr ? r : mr - 1) * K;
+    }
+#pragma GCC unroll 2
+    for (long k = 0; k < K; k++) {
+        VEC b0 = VLOAD(Bp + k * 2 * VL), b1 = VLOAD(Bp + k * 2 * VL + VL);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            VEC av = VSET1(a[r][k]);
+            c0[r] = VFMA(av, b0, c0[r]);
+            c1[r] = VFMA(av, b1, c1[r]);
+        }
+    }
+    if (nc == 2 * VL) {
+        VEC bb0 = bias ? VLOAD(bias) : VZERO(), bb1 = bias ? VLOAD(bias + VL) : VZERO();
+        for (int r = 0; r < mr; r++) {
+            VEC v0 = c0[r], v1 = c1[r];
+            if (bias) { v0 = VADD(v0, bb0); v1 = VADD(v1, bb1); }
+            if (R) { v0 = VADD(v0, VLOAD(R + r * N)); v1 = VADD(v1, VLOAD(R + r * N + VL)); }
+            VSTORE(C + r * N, v0);
+            VSTORE(C + r * N + VL, v1);
+        }
+    } else {
+        float t[2 * VL];
+        for (int r = 0; r < mr; r++) {
+            VSTORE(t, c0[r]);
+            VSTORE(t + VL, c1[r]);
+            for (int j = 0; j < nc; j++) {
+                float v = t[j];
+                if (bias) v = v + bias[j];
+                if (R) v = v + R[r * N + j];
+                C[r * N + j] = v;
+            }
+        }
+    }
+}
+
+void GEMM_PACK(const float *B, float *Bp, long K, long N)
+{
+    long np = (N + 2 * VL - 1) / (2 * VL);
+    for (long p = 0; p < np; p++)
+        for (long k = 0; k < K; k++)
+            for (long j = 0; j < 2 * VL; j++) {
+                long col = p * 2 * VL + j;
+                Bp[(p * K + k) * 2 * VL + j] = col < N ? B[k * N + col] : 0.0f;
+            }
+}
+
+int GEMM_NR(void) { return 2 * VL; }
+
+void GEMM(const float *A, const float *Bp, float *C, const float *bias, const float *R,
+          long M, long K, long N, long p0, long p1)
+{
+    for (long p = p0; p < p1; p++) {
+        long col = p * 2 * VL;
+        int nc = (int)(N - col < 2 * VL ? N - col : 2 * VL);
+        const float *bp = Bp + p * K * 2 * VL;
+        for (long i = 0; i < M; i += MR) {
+            int mr = (int)(M - i < MR ? M - i : MR);
+            GEMM_TILE(A + i * K, K, bp, C + i * N + col, N, mr, nc, bias ? bias + col : NULL,
+                      R ? R + i * N + col : NULL);
+        }
+    }
+}
+
+/* The same product with B held as int8 panels Bq[panel][k][NR] (zero padded) and one scale
+ * per column (padded to whole panels): each panel is widened once into ws (K x NR floats)
+ * as f32(q) * s, the very floats of the dequantized weights, so C is what GEMM gives on those
+ * weights; the weights cross the memory bus at a quarter of the bytes. */
+void GEMM_Q8(const float *A, const signed char *Bq, const float *scale, float *C, const float *bias,
+             const float *R, long M, long K, long N, long p0, long p1, float *ws)
+{
+    for (long p = p0; p < p1; p++) {
+        long col = p * 2 * VL;
+        int nc = (int)(N - col < 2 * VL ? N - col : 2 * VL);
+        const signed char *bq = Bq + p * K * 2 * VL;
+        VEC s0 = VLOAD(scale + col), s1 = VLOAD(scale + col + VL);
+        for (long k = 0; k < K; k++) {
+            VSTORE(ws + k * 2 * VL, VMUL(VLOADQ8(bq + k * 2 * VL), s0));
+            VSTORE(ws + k * 2 * VL + VL, VMUL(VLOADQ8(bq + k * 2 * VL + VL), s1));
+        }
+        for (long i = 0; i < M; i += MR) {
+            int mr = (int)(M - i < MR ? M - i : MR);
+            GEMM_TILE(A + i * K, K, ws, C + i * N + col, N, mr, nc, bias ? bias + col : NULL,
+                      R ? R + i * N + col : NULL);
+        }
+    }
+}

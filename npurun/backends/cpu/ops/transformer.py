@@ -1,0 +1,197 @@
+"""The transformer encoder's kernels on the cpu backend: erf, GELU, LayerNormalization and
+softmax (with the attention mask added, and the NaN rows of fully masked queries replaced,
+in the same pass), compiled in csrc/transformer.c (AVX2 + FMA, float32).
+
+Each kernel takes the reference kernel's arguments and returns its result; anything it does
+not handle (another dtype, softmax over an inner axis, a scale that is not one value per
+normalized element) runs the reference kernel. Rows are split over the program's threads
+when the tensor holds at least BIG elements (a thread hand-off costs ~20-50 us).
+`fuse_transformer.py` rewrites the exported GELU chains and the masked softmax into calls of
+`gelu` / `masked_softmax` below.
+
+Shapes in MiniLM (128 tokens): GELU on (1, 128, 1536), LayerNorm over (1, 128, 384) rows of
+384, softmax over (1, 12, 128, 128) rows of 128 with a (1, 1, 1, 128) or (1, 1, 128, 128) mask.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+
+from ...reference.kernels import KERNELS as REF
+from .. import native
+from ..nativeconv import _run
+
+BIG = 1 << 16  # elements; below this one thread does the whole tensor
+
+_P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
+
+
+def _bind():
+    """The library's transformer entry points, or None where it lacks them (an older build)."""
+    lib = native.LIB
+    if lib is None or not hasattr(lib, "npr_gemm_q8_avx2"):
+        return None
+    lib.npr_erf.argtypes = [_P, _P, _L]
+    lib.npr_erf.restype = None
+    lib.npr_gelu.argtypes = [_P, _P, _L, _F, _F, _F, _I]
+    lib.npr_gelu.restype = None
+    lib.npr_layernorm.argtypes = [_P, _P, _P, _P, _P, _P, _L, _L, _L, _F]
+    lib.npr_layernorm.restype = None
+    lib.npr_softmax.argtypes = [_P, _P, _P, _L, _L, _L, _L, _L, _I, _F]
+    lib.npr_softmax.restype = None
+    for isa in ("avx2", "avx512"):  # ops/matmul.py's pre-packed sgemm
+        getattr(lib, f"npr_gemm_pack_{isa}").argtypes = [_P, _P, _L, _L]
+        getattr(lib, f"npr_gemm_pack_{isa}").restype = None
+        getattr(lib, f"npr_gemm_{isa}").argtypes = [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L]
+        getattr(lib, f"npr_gemm_{isa}").restype = None
+        getattr(lib, f"npr_gemm_nr_{isa}").restype = _I
+        getattr(lib, f"npr_gemm_q8_{isa}").argtypes = [_P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _P]
+        getattr(lib, f"npr_gemm_q8_{isa}").restype = None
+    return lib
+
+
+LIB = _bind()
+
+
+def _ptr(a):
+    return None if a is None else a.ctypes.data
+
+
+def _parts(program, size, rows):
+    return min(program.threads, rows) if size >= BIG and program.pool is not None else 1
+
+
+def _elementwise(program, x, call):
+    """y = f(x) over a flat float32 array, in `threads` contiguous parts."""
+    x = np.ascontiguousarray(x)
+    y = np.empty_like(x)
+    fx, fy = x.reshape(-1), y.reshape(-1)
+    parts = _parts(program, x.size, x.size)
+    edges = [x.size * j // parts for j in range(parts + 1)]
+    _run(lambda j: call(_ptr(fx[edges[j]:]), _ptr(fy[edges[j]:]), edges[j + 1] - edges[j]),
+         range(parts), program.pool, parts)
+    return y
+
+
+def _rows(program, rows, size, call):
+    """call(r0, r1) over `rows` rows in `threads` bands."""
+    parts = _parts(program, size, rows)
+    edges = [rows * j // parts for j in range(parts + 1)]
+    _run(lambda j: call(edges[j], edges[j + 1]), range(parts), program.pool, parts)
+
+
+def make_erf(program):
+    def erf(x):
+        if x.dtype != np.float32 or x.size == 0:
+            return REF["erf"](x)
+        return _elementwise(program, x, LIB.npr_erf)
+    return erf
+
+
+def gelu_call(program, x, d, a, m, mode):
+    """y = x * (m * (erf(x / d) + a)) (mode 0) or erf(x * d) (mode 1), as the exported chain
+    computes it, one rounding per operation, in the same order."""
+    return _elementwise(program, x, lambda px, py, n: LIB.npr_gelu(px, py, n, d, a, m, mode))
+
+
+def make_gelu(program):
+    def gelu(x, *, approximate):
+        if x.dtype != np.float32 or approximate != "none" or x.size == 0:
+            return REF["gelu"](x, approximate=approximate)
+        # The reference: 0.5 * x * (1 + erf(x / sqrt 2)); 0.5 * (x * e) == x * (0.5 * e).
+        return gelu_call(program, x, float(np.sqrt(2).astype(np.float32)), 1.0, 0.5, 0)
+    return gelu
+
+
+def _per_element(p, inner):
+    """p broadcast to the normalized shape, contiguous (one value per normalized element:
+    384 in MiniLM); None where it does not broadcast to exactly that shape."""
+    if p.shape == inner and p.flags.c_contiguous:
+        return p  # the common case, without NumPy's broadcasting machinery (~20 us)
+    try:
+        if np.broadcast_shapes(p.shape, inner) != inner:
+            return None
+        return np.ascontiguousarray(np.broadcast_to(p, inner))
+    except ValueError:
+        return None
+
+
+def make_layer_normalization(program):
+    def layer_normalization(x, scale, bias=None, *, axis, epsilon, stash_type):
+        ax = axis % max(x.ndim, 1)
+        if x.dtype != np.float32 or stash_type != "f32" or x.ndim == 0 or x.size == 0 \
+                or scale.dtype != np.float32 or (bias is not None and bias.dtype != np.float32):
+            return REF["layer_normalization"](x, scale, bias, axis=axis, epsilon=epsilon, stash_type=stash_type)
+        inner = x.shape[ax:]
+        s, b = _per_element(scale, inner), None if bias is None else _per_element(bias, inner)
+        if s is None or (bias is not None and b is None):
+            return REF["layer_normalization"](x, scale, bias, axis=axis, epsilon=epsilon, stash_type=stash_type)
+        x = np.ascontiguousarray(x)
+        n = math.prod(inner)
+        rows = x.size // n
+        y = np.empty_like(x)
+        stats = x.shape[:ax] + (1,) * len(inner)
+        mean, inv = np.empty(stats, np.float32), np.empty(stats, np.float32)
+        _rows(program, rows, x.size, lambda r0, r1: LIB.npr_layernorm(
+            _ptr(x), _ptr(s), _ptr(b), _ptr(y), _ptr(mean), _ptr(inv), r0, r1, n, epsilon))
+        return y, mean, inv
+    return layer_normalization
+
+
+def mask_rows(x_shape, m_shape):
+    """(mask_div, mask_rows) such that row r of x (rows of its last axis) adds row
+    r // mask_div % mask_rows of the mask, or None when the mask does not broadcast that way
+    (its last axis must be x's, its other non-1 axes one contiguous run of x's axes)."""
+    if len(m_shape) > len(x_shape) or not m_shape or m_shape[-1] != x_shape[-1]:
+        return None
+    m = (1,) * (len(x_shape) - len(m_shape)) + tuple(m_shape)
+    lead = [k for k in range(len(x_shape) - 1) if m[k] != 1]
+    if not lead:
+        return 1, 1
+    p, q = lead[0], lead[-1] + 1
+    if any(m[k] != x_shape[k] for k in range(p, q)):
+        return None
+    return math.prod(x_shape[q:-1]), math.prod(x_shape[p:q])
+
+
+def softmax_call(program, x, mask=None, nan_to=None):
+    """softmax(x [+ mask]) along the last axis; rows that come out NaN (a NaN, +inf, or only
+    -inf among the scores) become nan_to when given. None where the kernel does not apply."""
+    if x.dtype != np.float32 or x.ndim == 0 or x.size == 0 or (mask is not None and mask.dtype != np.float32):
+        return None
+    div, mrows = 1, 1
+    if mask is not None:
+        if np.broadcast_shapes(x.shape, mask.shape) != x.shape:
+            return None
+        rule = mask_rows(x.shape, mask.shape)
+        if rule is None:
+            return None
+        div, mrows = rule
+        mask = np.ascontiguousarray(mask)
+    x = np.ascontiguousarray(x)
+    n = x.shape[-1]
+    y = np.empty_like(x)
+    fix, val = (0, 0.0) if nan_to is None else (1, float(nan_to))
+    _rows(program, x.size // n, x.size, lambda r0, r1: LIB.npr_softmax(
+        _ptr(x), _ptr(mask), _ptr(y), r0, r1, n, div, mrows, fix, val))
+    return y
+
+
+def make_softmax(program):
+    def softmax(x, *, axis):
+        if x.ndim and axis % x.ndim == x.ndim - 1:
+            y = softmax_call(program, x)
+            if y is not None:
+                return y
+        return REF["softmax"](x, axis=axis)
+    return softmax
+
+
+KERNELS = {} if LIB is None else {
+    "erf": make_erf,
+    "gelu": make_gelu,
+    "layer_normalization": make_layer_normalization,
+    "softmax": make_softmax,
+}
