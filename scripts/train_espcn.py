@@ -10,6 +10,15 @@ Data protocol (tests recompute it independently, so keep it exact):
   PSNR on Y over the full image, peak 1.0; ESPCN output clipped to [0,1] and
   rounded to 8 bit; baseline = Y of LR.resize((w, h), BICUBIC).
 
+Training options beyond the defaults (all off by default; docs/espcn.md has the recipe):
+  --center C   train on luma - C (targets - C): better-conditioned for tanh nets; folded
+               exactly into conv1/conv3 biases at export, so the graph and its input stay.
+               conv1's padding is emulated as the exported model sees it (raw 0 = -C).
+  --border R   exact windows: loss only where the patch-edge padding cannot reach, photo
+               edges masked as the exported model sees them (R = 4, the receptive field).
+  --clip N     gradient-norm clipping; --warmup S linear LR warm-up.
+  --val-every  gain on the whole training photos, to choose settings without the held-out set.
+
 Example:  python scripts/train_espcn.py --steps 30000 --seed 0
 """
 import argparse
@@ -75,9 +84,17 @@ class ESPCN(nn.Module):
         self.conv3 = nn.Conv2d(32, SCALE * SCALE, 3, padding=1)
         self.shuffle = nn.PixelShuffle(SCALE)  # == ONNX DepthToSpace(mode="CRD")
 
-    def forward(self, x):
-        x = torch.tanh(self.conv1(x))
-        x = torch.tanh(self.conv2(x))
+    def forward(self, x, mask=None, pad1=None):
+        # mask (N, 1, H, W): 1 inside the photo, 0 outside. Zeroing the hidden activations
+        # outside reproduces the zero padding that the exported model's conv2/conv3 see at
+        # the photo's edges, so a window cut at an edge trains exactly what ships.
+        m = (lambda t: t) if mask is None else (lambda t: t * mask)
+        if pad1 is None:
+            x = m(torch.tanh(self.conv1(x)))
+        else:  # conv1's zero padding as seen by raw luma: pad the centred input with -c
+            x = nn.functional.pad(x, [2] * 4, value=pad1)
+            x = m(torch.tanh(nn.functional.conv2d(x, self.conv1.weight, self.conv1.bias)))
+        x = m(torch.tanh(self.conv2(x)))
         return self.shuffle(self.conv3(x))
 
 
@@ -87,35 +104,94 @@ class PatchSampler:
     Images are picked in proportion to their area so that every pixel is equally
     likely; nearly flat patches (black borders of retina/hubble) are mostly
     rejected because they teach nothing and would dilute the batch.
+
+    border=0: x is a p x p LR patch, y its 3p x 3p HR patch; the loss then also covers
+    outputs that the conv padding at the patch edges corrupts (4 LR pixels deep: the
+    receptive-field radius of 5x5 + 3x3 + 3x3), more than half of a 24x24 patch.
+    border=R>0: x is a (p+2R)^2 window whose central p x p outputs are exact; the
+    window may reach up to p/2 beyond the photo, where x is 0 (the exported model's
+    zero padding) and xm/ym masks say what is inside, so edges are trained as evaluated.
     """
 
-    def __init__(self, pairs, patch, rng, per_photo=False, min_std=0.01):
+    def __init__(self, pairs, patch, rng, per_photo=False, min_std=0.01, border=0):
         self.pairs, self.patch, self.rng, self.min_std = pairs, patch, rng, min_std
+        self.border = border
         areas = np.array([lr.size for _, lr in pairs], dtype=np.float64)
         if per_photo:
             areas = np.ones_like(areas)
         self.p = areas / areas.sum()
+        if border:  # zero-pad each photo once: LR by R + p/2, HR by 3x that
+            q, s = border + patch // 2, SCALE
+            self.padded = [(np.pad(hr, q * s), np.pad(lr, q), np.pad(np.ones_like(lr), q))
+                           for hr, lr in pairs]
 
     def one(self):
-        p, s = self.patch, SCALE
+        p, s, r = self.patch, SCALE, self.border
         for _ in range(10):
-            hr, lr = self.pairs[self.rng.choice(len(self.pairs), p=self.p)]
-            i = self.rng.integers(0, lr.shape[0] - p + 1)
-            j = self.rng.integers(0, lr.shape[1] - p + 1)
-            x = lr[i:i + p, j:j + p]
-            if x.std() > self.min_std:
-                break
-        y = hr[i * s:(i + p) * s, j * s:(j + p) * s]
+            k = self.rng.choice(len(self.pairs), p=self.p)
+            hr, lr = self.pairs[k]
+            lo, hi = (-(p // 2), lr.shape[0] - p + p // 2) if r else (0, lr.shape[0] - p)
+            i = self.rng.integers(lo, hi + 1)
+            lo, hi = (-(p // 2), lr.shape[1] - p + p // 2) if r else (0, lr.shape[1] - p)
+            j = self.rng.integers(lo, hi + 1)
+            if r:  # (i, j): top-left of the p x p loss region in photo coordinates
+                hp, lp, mp = self.padded[k]
+                a, b = i + p // 2, j + p // 2  # window top-left in the padded arrays
+                x, xm = lp[a:a + p + 2 * r, b:b + p + 2 * r], mp[a:a + p + 2 * r, b:b + p + 2 * r]
+                a, b = (a + r) * s, (b + r) * s
+                y = hp[a:a + p * s, b:b + p * s]
+                inner = x[r:-r, r:-r][xm[r:-r, r:-r] > 0]
+                if inner.size > p and inner.std() > self.min_std:
+                    break
+            else:
+                x = lr[i:i + p, j:j + p]
+                if x.std() > self.min_std:
+                    break
+        if not r:
+            xm = None
+            y = hr[i * s:(i + p) * s, j * s:(j + p) * s]
         k = int(self.rng.integers(8))  # dihedral group: rot90^k, optional transpose
-        x, y = np.rot90(x, k % 4), np.rot90(y, k % 4)
+        out = [np.rot90(t, k % 4) for t in (x, y, xm) if t is not None]
         if k >= 4:
-            x, y = x.T, y.T
-        return x, y
+            out = [t.T for t in out]
+        return out
 
     def batch(self, n):
-        xs, ys = zip(*(self.one() for _ in range(n)))
-        return (torch.from_numpy(np.stack(xs)[:, None].copy()),
-                torch.from_numpy(np.stack(ys)[:, None].copy()))
+        """x (n,1,P,P), y (n,1,3p,3p) and, with border>0, the LR mask of x (n,1,P,P)."""
+        cols = zip(*(self.one() for _ in range(n)))
+        return [torch.from_numpy(np.stack(c)[:, None].copy()) for c in cols]
+
+
+def fold_center(model, c):
+    """A model on raw luma equal (away from the photo edges) to `model` on luma - c
+    with targets - c: conv1(x - c) = conv1(x) - c * sum(W1), and + c on every conv3
+    output channel (pixel shuffle only moves them). Same graph, same input."""
+    out = ESPCN()
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    sd["conv1.bias"] -= c * sd["conv1.weight"].sum(dim=(1, 2, 3))
+    sd["conv3.bias"] += c
+    out.load_state_dict(sd)
+    return out.eval()
+
+
+def unfold_center(model, c):
+    """Inverse of fold_center, to continue training a raw-luma model on centred luma."""
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    sd["conv1.bias"] += c * sd["conv1.weight"].sum(dim=(1, 2, 3))
+    sd["conv3.bias"] -= c
+    model.load_state_dict(sd)
+
+
+def train_gain(model, pairs):
+    """Mean luma-PSNR gain over bicubic of a raw-luma model on whole training photos:
+    the signal for choosing recipe settings (never the held-out photos)."""
+    gains = []
+    with torch.no_grad():
+        for hr, lr, bic in pairs:
+            sr = model(torch.from_numpy(lr)[None, None])[0, 0].numpy()
+            sr = np.round(np.clip(sr, 0, 1) * 255) / 255
+            gains.append(psnr(sr, hr) - psnr(bic, hr))
+    return float(np.mean(gains))
 
 
 def build_onnx(model):
@@ -156,11 +232,23 @@ def main():
     ap.add_argument("--patch", type=int, default=24, help="LR patch side (HR is 3x)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--head-lr", type=float, default=1.0, help="last layer LR multiplier")
+    ap.add_argument("--warmup", type=int, default=0, help="linear LR warm-up steps")
+    ap.add_argument("--clip", type=float, default=0.0,
+                    help="clip the gradient's global L2 norm to this (0: off)")
+    ap.add_argument("--center", type=float, default=0.0,
+                    help="train on luma - C with targets - C; folded into the biases at export")
+    ap.add_argument("--border", type=int, default=0,
+                    help="exact-window training: loss only on outputs free of patch-edge padding "
+                         "(4 = the receptive-field radius), photo edges as the exported model sees them")
     ap.add_argument("--zooms", default="1", help="comma list of training photo rescales")
     ap.add_argument("--init", type=pathlib.Path,
                     help="start from this espcn_x3.onnx's weights (continue a training run)")
     ap.add_argument("--per-photo", action="store_true",
                     help="sample every training photo equally often (not by area)")
+    ap.add_argument("--val-every", type=int, default=0,
+                    help="print the gain over bicubic on the whole training photos every N steps")
+    ap.add_argument("--no-held-out", action="store_true",
+                    help="recipe probe: skip the held-out evaluation (write the model only)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "npurun" / "zoo")
     args = ap.parse_args()
@@ -173,11 +261,13 @@ def main():
 
     zooms = [float(z) for z in args.zooms.split(",")]
     pairs = [load_pair(data / f, z)[:2] for f in TRAIN for z in zooms]
-    sampler = PatchSampler(pairs, args.patch, rng, per_photo=args.per_photo)
+    sampler = PatchSampler(pairs, args.patch, rng, per_photo=args.per_photo, border=args.border)
+    val = [load_pair(data / f) for f in TRAIN] if args.val_every else []
     model = ESPCN()
     if args.init:  # continue from an exported model: its initializers are our state dict
         init = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in onnx.load(args.init).graph.initializer}
         model.load_state_dict(init)
+        unfold_center(model, args.center)
     # The paper trains the last layer 10x slower (SGD). With Adam that only slows
     # convergence (held-out gain +0.55 dB after 5k steps at 1x, +0.69 after 30k at 0.1x).
     head = list(model.conv3.parameters())
@@ -187,27 +277,44 @@ def main():
     base = [g["lr"] for g in opt.param_groups]
     # Cosine decay to 1% over the step budget: a step-based (not time-based)
     # schedule keeps the run reproducible for a given --steps.
-    sched = lambda s: 0.01 + 0.99 * 0.5 * (1 + np.cos(np.pi * s / args.steps))
+    sched = lambda s: (min(1.0, (s + 1) / args.warmup) if args.warmup else 1.0) * (
+        0.01 + 0.99 * 0.5 * (1 + np.cos(np.pi * s / args.steps)))
+    c, r3 = args.center, SCALE * args.border
 
-    t0, step, running = time.time(), 0, None
+    t0, step, running, clipped, peak = time.time(), 0, None, 0, 0.0
     while step < args.steps:
         if time.time() - t0 > args.minutes * 60:
             print(f"wall-clock cap hit at step {step}", file=sys.stderr)
             break
         for g, b in zip(opt.param_groups, base):
             g["lr"] = b * sched(step)
-        x, y = sampler.batch(args.batch)
-        loss = nn.functional.mse_loss(model(x), y)
+        if args.border:  # x (n,1,p+2R,p+2R) with its photo mask, y (n,1,3p,3p)
+            x, y, xm = sampler.batch(args.batch)
+            out = model(x - c, xm)[:, :, r3:-r3, r3:-r3]  # outside the photo x - c = -c: raw 0
+            ym = nn.functional.interpolate(xm[:, :, args.border:-args.border,
+                                              args.border:-args.border], scale_factor=SCALE)
+            loss = (((out - (y - c)) * ym) ** 2).sum() / ym.sum()
+        else:
+            x, y = sampler.batch(args.batch)
+            loss = nn.functional.mse_loss(model(x - c, pad1=-c if c else None), y - c)
         opt.zero_grad()
         loss.backward()
+        # Global gradient norm (clipped only with --clip): logged to choose --clip.
+        norm = float(nn.utils.clip_grad_norm_(model.parameters(), args.clip or float("inf")))
+        clipped, peak = clipped + int(args.clip > 0 and norm > args.clip), max(peak, norm)
         opt.step()
         step += 1
         running = loss.item() if running is None else 0.99 * running + 0.01 * loss.item()
         if step % 1000 == 0:
             print(f"step {step:6d}  loss {running:.3e}  ({psnr_of(running):.2f} dB)  "
-                  f"{time.time() - t0:6.0f} s", flush=True)
+                  f"{time.time() - t0:6.0f} s  max |grad| {peak:.2g}"
+                  + (f"  clipped {clipped}" if args.clip else ""), flush=True)
+            peak = 0.0
+        if val and (step % args.val_every == 0 or step == args.steps):
+            print(f"step {step:6d}  training-photo gain {train_gain(fold_center(model, c), val):+.3f} dB",
+                  flush=True)
     train_s = time.time() - t0
-    model.eval()
+    model = fold_center(model, c)  # raw luma in, as the graph ships
 
     # Export, then check that ONNX Runtime reproduces the torch model.
     proto = build_onnx(model)
@@ -218,6 +325,12 @@ def main():
     got = sess.run(["output"], {"input": x.numpy()})[0]
     diff = float(np.abs(ref - got).max())
     assert got.shape == (1, 1, 111, 159) and diff < 1e-5, (got.shape, diff)
+    print(f"\ntrained {step} steps in {train_s:.0f} s; onnx vs torch max |diff| {diff:.1e}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    cmd = " ".join(["scripts/train_espcn.py"] + [a for a in sys.argv[1:]])
+    if args.no_held_out:
+        onnx.save(proto, args.out / "espcn_x3.onnx")
+        return
 
     # Evaluate the exported model (what ships), never the held-out photos in training.
     table = {}
@@ -229,20 +342,23 @@ def main():
     gains = [v["espcn"] - v["bicubic"] for v in table.values()]
     mean_gain = float(np.mean(gains))
 
-    print(f"\ntrained {step} steps in {train_s:.0f} s; onnx vs torch max |diff| {diff:.1e}")
     print(f"{'photo':<16}{'bicubic':>10}{'ESPCN':>10}{'gain':>8}")
     for (f, v), g in zip(table.items(), gains):
         print(f"{f:<16}{v['bicubic']:10.3f}{v['espcn']:10.3f}{g:+8.3f}")
     print(f"{'mean':<16}{np.mean([v['bicubic'] for v in table.values()]):10.3f}"
           f"{np.mean([v['espcn'] for v in table.values()]):10.3f}{mean_gain:+8.3f}")
 
-    args.out.mkdir(parents=True, exist_ok=True)
     onnx.save(proto, args.out / "espcn_x3.onnx")
     shutil.copyfile(data / SAMPLE, args.out / "sample.jpg")
-    cmd = " ".join(["scripts/train_espcn.py"] + [a for a in sys.argv[1:]])
     meta = {"scale": SCALE, "train": TRAIN, "held_out": HELD_OUT, "psnr_db": table,
-            "mean_gain_db": round(mean_gain, 4), "trained_with": cmd,
-            "steps_done": step, "train_seconds": round(train_s, 1), "torch": torch.__version__}
+            "mean_gain_db": round(mean_gain, 4), "trained_with": [cmd], "torch": torch.__version__,
+            "stages": [{"steps": step, "train_seconds": round(train_s, 1),
+                        "mean_gain_db": round(mean_gain, 4)}]}
+    prev = args.init.parent / "espcn_x3.json" if args.init else None
+    if prev and prev.is_file():  # a continued run: keep the earlier stages' record
+        old = json.loads(prev.read_text())
+        for k in ("trained_with", "stages"):
+            meta[k] = ([old[k]] if isinstance(old.get(k), str) else old.get(k, [])) + meta[k]
     (args.out / "espcn_x3.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
