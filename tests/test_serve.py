@@ -455,3 +455,27 @@ def test_npurun_serve_command(model_dir, tmp_path):
     finally:
         p.terminate()
         p.wait(10)
+
+
+def test_a_stalled_body_gets_408_and_frees_the_connection(model_dir):
+    """A client that sends less body than its Content-Length says, then stalls, is answered
+    408 once body_timeout_s has passed; the server serves the next request."""
+    import socket
+    s = _Uvicorn(build(model_dir, "cpu", settings=Settings(body_timeout_s=0.5)))
+    try:
+        host, port = s.url.split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as c:
+            c.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"inputs\": [")
+            reply = b""
+            while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+                chunk = c.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), reply
+        assert "did not arrive within 0.5 s" in json.loads(body)["error"]
+        assert _get(s.url, "/v2/health/ready")[0] == 200
+    finally:
+        s.stop()

@@ -23,6 +23,8 @@ def add_parser(sub):
     p.add_argument("--token-file", help="file holding a bearer token every request but liveness must send")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body (default: 64 MB)")
     p.add_argument("--max-tensor-mb", type=float, default=64.0, help="largest input tensor (default: 64 MB)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a request body not fully received by then is refused with 408 (default: 30)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="timeout of requests that give none (default: none)")
     p.add_argument("--max-batch", type=int, default=1,
@@ -88,11 +90,12 @@ def run(args) -> int:
         raise InputError("npurun serve needs uvicorn and starlette: pip install 'npurun[serve]'") from None
     from ..serve import Settings, build
     logging.basicConfig(level=args.log_level.upper(), format="npurun serve: %(message)s")
-    for flag, v in (("--max-body-mb", args.max_body_mb), ("--max-tensor-mb", args.max_tensor_mb)):
+    for flag, v in (("--max-body-mb", args.max_body_mb), ("--max-tensor-mb", args.max_tensor_mb),
+                    ("--body-timeout", args.body_timeout)):
         if not v > 0:
             raise InputError(f"{flag} must be positive, got {v}")
     token = read_token(args.token_file) if args.token_file else None
-    settings = Settings(token=token, max_body_bytes=int(args.max_body_mb * 2**20),
+    settings = Settings(token=token, max_body_bytes=int(args.max_body_mb * 2**20), body_timeout_s=args.body_timeout,
                         max_tensor_bytes=int(args.max_tensor_mb * 2**20), default_timeout_s=args.timeout)
     if not token and not _loopback(args.host):
         print(f"npurun serve: warning: listening on {args.host} without --token-file; anyone who reaches "

@@ -18,7 +18,8 @@ Endpoints (Triton's spelling; `/versions/{v}` may follow a model name, v = "1"):
 
 Errors are JSON `{"error": "..."}`; the status follows Triton: 400 bad request (bad JSON,
 wrong input name, shape or datatype, truncated body, unknown region), 401 missing or wrong
-bearer token, 404 unknown model, version or path, 413 body or tensor over the limits, 503
+bearer token, 404 unknown model, version or path, 408 a body not fully arrived within
+`body_timeout_s`, 413 body or tensor over the limits, 503
 model not ready or request timed out (Triton answers "Request timeout expired" with 503), 500
 a model that failed while running. Nothing a client sends stops the server: every handler
 turns its failures into one of these answers.
@@ -63,6 +64,7 @@ class Settings:
     max_tensor_bytes: int = 64 << 20
     max_shm_regions: int = 64
     default_timeout_s: float | None = None  # for requests that give none
+    body_timeout_s: float = 30.0  # a body that has not fully arrived by then is refused (408)
 
 
 class BearerAuth:
@@ -137,7 +139,7 @@ class Server:
         return JSONResponse(cfg)
 
     async def repository_index(self, request):
-        await read_body(request, 1 << 16)
+        await read_body(request, 1 << 16, self.settings.body_timeout_s)
         return JSONResponse(self.repo.index())
 
     # --- shared memory
@@ -145,14 +147,14 @@ class Server:
         return JSONResponse(self.shm.status(request.path_params.get("region")))
 
     async def shm_register(self, request):
-        body = _json(await read_body(request, 1 << 16))
+        body = _json(await read_body(request, 1 << 16, self.settings.body_timeout_s))
         if not isinstance(body, dict):
             raise ServeError(400, "register takes a JSON object {key, offset, byte_size}")
         self.shm.register(request.path_params["region"], body.get("key"), body.get("offset", 0), body.get("byte_size"))
         return JSONResponse({})
 
     async def shm_unregister(self, request):
-        await read_body(request, 1 << 16)
+        await read_body(request, 1 << 16, self.settings.body_timeout_s)
         self.shm.unregister(request.path_params.get("region"))
         return JSONResponse({})
 
@@ -168,7 +170,7 @@ class Server:
         self.metrics.requests.labels(label).inc()
         try:
             m = self._model(request)
-            body = await read_body(request, self.settings.max_body_bytes)
+            body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_s)
             # Inflating, parsing, encoding and submitting (which may plan the model for a new
             # shape) run on worker threads: a big request never stalls the event loop.
             req = await run_in_threadpool(self._parse, body, request.headers, m)
@@ -235,7 +237,17 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float = 30.0) -> bytes:
+    """The request body, refused past `limit` bytes (413), or when it has not fully arrived
+    within `timeout_s` (408: a slow or stalled client cannot hold a request open)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, limit)
+    except TimeoutError:
+        raise ServeError(408, f"the request body did not arrive within {timeout_s:g} s") from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     n = request.headers.get("content-length")
     if n is not None:
         if not n.isdigit():
