@@ -153,3 +153,15 @@ def test_run_sync_runs_on_the_calling_thread_and_task_threads_are_reused(rng):
                 break
             time.sleep(0.002)
     assert threading.get_ident() not in idents and len(set(idents)) == 1
+
+
+def test_a_failing_kernel_in_a_region_names_its_node(rng):
+    prog = npurun.Executor("cpu", parallelism=1).compile(_graph(rng))
+    then = prog.subprograms[id(prog.steps[3][0])]["then_branch"]
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("inner")
+    then.steps = [(n, boom, attrs, dead) for n, fn, attrs, dead in then.steps]
+    with pytest.raises(NpurunError, match=r"node 'rm' \(matmul\) failed on inputs .*ZeroDivisionError: inner"):
+        prog.run(_feeds(rng, True))
+    prog.run(_feeds(rng, False))  # the other branch still runs

@@ -1,0 +1,62 @@
+"""Small-tensor fast paths for shape-bookkeeping ops: `gather`, `slice`, `reduce_mean`.
+
+Exported graphs run these on tensors of a few elements every step (silero-vad: 5 gathers of
+a shape or of the recurrent state, 5 slices of the STFT, one mean per chunk), where the
+reference kernel's generic handling costs more than the work: `gather`'s np.where over the
+indices (~2.5-3 us against np.take's ~0.8), `slice`'s ravel/zip/list building (~1.9 vs ~0.8),
+`reduce_mean`'s np.mean wrapper (~5-6 vs ~3). (`cast` to the same dtype was tried: 0.46 vs
+0.40 us, not kept.)
+
+Each returns exactly what the reference kernel returns (same NumPy call on the same operands,
+views where the reference gives views) and hands anything unusual to the reference kernel:
+a negative or multi-element gather index (the reference's np.where is needed), slices over
+several axes, means of integers, of empty tensors or without axes given.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...reference.kernels import KERNELS as REF
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _gather(x, indices, *, axis):
+    # One non-negative index: the reference's np.where(indices < 0, ...) leaves it as is.
+    if indices.size == 1 and indices.dtype.kind in "iu" and indices.reshape(-1)[0] >= 0:
+        return x.take(indices, axis=axis)  # what np.take calls, without its Python wrapper
+    return REF["gather"](x, indices, axis=axis)
+
+
+def _slice(x, starts, ends, axes=None, steps=None):
+    if starts.size != 1 or ends.size != 1 or (axes is not None and axes.size != 1) \
+            or (steps is not None and steps.size != 1):
+        return REF["slice"](x, starts, ends, axes, steps)
+    idx = [slice(None)] * x.ndim
+    ax = 0 if axes is None else int(axes.reshape(-1)[0])  # negative: from the end, as a list index
+    idx[ax] = slice(int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0]),
+                    1 if steps is None else int(steps.reshape(-1)[0]))
+    return x[tuple(idx)]
+
+
+def _reduce_mean(x, axes=None, *, keepdims, noop_with_empty_axes):
+    # np.mean on a float array is np.add.reduce, then an in-place true_divide by the count
+    # (numpy/_core/_methods.py: _mean); the same two calls without its wrapper.
+    if x.dtype not in _FLOATS or x.size == 0 or axes is None or axes.size == 0:
+        return REF["reduce_mean"](x, axes, keepdims=keepdims, noop_with_empty_axes=noop_with_empty_axes)
+    nd = x.ndim
+    ax = tuple(int(a) for a in axes.reshape(-1))
+    norm = {a % nd for a in ax if -nd <= a < nd}
+    if len(norm) != len(ax):  # out of range or repeated: the reference raises its error
+        return REF["reduce_mean"](x, axes, keepdims=keepdims, noop_with_empty_axes=noop_with_empty_axes)
+    count = 1
+    for a in norm:
+        count *= x.shape[a]
+    s = np.add.reduce(x, axis=ax, keepdims=bool(keepdims))
+    if isinstance(s, np.ndarray):
+        return np.true_divide(s, count, out=s, casting="unsafe", subok=False)
+    return np.asarray(s.dtype.type(s / count))
+
+
+KERNELS = {"gather": lambda program: _gather, "slice": lambda program: _slice,
+           "reduce_mean": lambda program: _reduce_mean}

@@ -1,0 +1,132 @@
+"""The cpu backend's small-tensor fast paths (cpu/ops/shape_fast.py: gather, slice,
+reduce_mean; cpu/ops/unsqueeze.py) and the 1-D conv's small path with a fused activation
+(cpu/ops/conv1d.py), against the reference kernels on fresh random non-zero inputs: same
+values, dtypes, shapes, and a view exactly where the reference returns one."""
+import numpy as np
+import pytest
+
+from npurun.backends.cpu.ops import FACTORIES, conv1d, shape_fast
+from npurun.backends.reference.kernels import KERNELS as REF
+
+from conftest import nonzero_normal
+
+
+def _same(got, want):
+    assert type(got) is type(want)
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape,axis,idx", [
+    ((3,), 0, np.array([1])), ((3,), 0, np.array(2)), ((2, 1, 128), 0, np.array(0)),
+    ((2, 1, 128), 0, np.array(1, np.int32)), ((4, 5, 6), 2, np.array([3])), ((4, 5, 6), -1, np.array([[5]])),
+    ((4, 5), 1, np.array([-1])),  # negative: the reference kernel
+    ((4, 5), 0, np.array([0, 3, -2])),  # several: the reference kernel
+])
+def test_gather_matches_reference(rng, shape, axis, idx):
+    x = nonzero_normal(rng, shape)
+    _same(shape_fast._gather(x, idx, axis=axis), REF["gather"](x, idx, axis=axis))
+    xi = rng.integers(1, 100, shape).astype(np.int64)  # shapes are int64 vectors
+    _same(shape_fast._gather(xi, idx, axis=axis), REF["gather"](xi, idx, axis=axis))
+
+
+def test_gather_index_out_of_range_still_raises(rng):
+    with pytest.raises(IndexError):
+        shape_fast._gather(nonzero_normal(rng, (3,)), np.array([3]), axis=0)
+
+
+A = np.array
+SLICES = [  # starts, ends, axes, steps
+    (A([0]), A([129]), A([1]), A([1])), (A([129]), A([258]), A([1]), A([1])),
+    (A([1]), A([-1]), None, None), (A([5]), A([2**62]), A([-1]), A([2])),
+    (A([-2]), A([-2**62]), A([2]), A([-1])), (A([0, 1]), A([2, 3]), A([0, 2]), None),
+]
+
+
+@pytest.mark.parametrize("starts,ends,axes,steps", SLICES)
+def test_slice_matches_reference(rng, starts, ends, axes, steps):
+    x = nonzero_normal(rng, (3, 258, 7))
+    got, want = shape_fast._slice(x, starts, ends, axes, steps), REF["slice"](x, starts, ends, axes, steps)
+    _same(got, want)
+    assert np.shares_memory(got, x) == np.shares_memory(want, x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+@pytest.mark.parametrize("shape,axes,keepdims", [
+    ((1, 1), A([1]), 0), ((3, 5, 7), A([1]), 1), ((3, 5, 7), A([-1, 0]), 0), ((3, 5, 7), A([0, 1, 2]), 0),
+    ((4, 300), A([1]), 1), ((3, 5), None, 0), ((3, 5), A([1, 1]), 0),
+])
+def test_reduce_mean_matches_reference(rng, dtype, shape, axes, keepdims):
+    x = (nonzero_normal(rng, shape, np.float64) * 10).astype(dtype)
+    kw = {"keepdims": keepdims, "noop_with_empty_axes": 0}
+    try:
+        want = REF["reduce_mean"](x, axes, **kw)
+    except Exception as e:  # noqa: BLE001 -- the fast path must raise as the reference does
+        with pytest.raises(type(e)):
+            shape_fast._reduce_mean(x, axes, **kw)
+        return
+    _same(shape_fast._reduce_mean(x, axes, **kw), want)
+
+
+@pytest.mark.parametrize("shape,axes", [((1, 128), A([1])), ((5,), A([0])), ((2, 3), A([-1, 0])),
+                                        ((2, 3), A([3]))])
+def test_unsqueeze_matches_reference(rng, shape, axes):
+    x = nonzero_normal(rng, shape)
+    fast = FACTORIES["unsqueeze"](None)
+    for _ in range(2):  # the second call may come from the per-shape cache
+        try:
+            want = REF["unsqueeze"](x, axes)
+        except Exception as e:  # noqa: BLE001
+            with pytest.raises(type(e)):
+                fast(x, axes)
+            break
+        _same(fast(x, axes), want)
+
+
+@pytest.mark.parametrize("shape,axes", [((1, 128, 1), A([2])), ((1, 1, 1), A([1])), ((3, 1), A([-1])),
+                                        ((3, 1), None), ((3, 2), A([1]))])
+def test_squeeze_matches_reference(rng, shape, axes):
+    x = nonzero_normal(rng, shape)
+    fast = FACTORIES["squeeze"](None)
+    for _ in range(2):
+        try:
+            want = REF["squeeze"](x, axes)
+        except Exception as e:  # noqa: BLE001
+            with pytest.raises(type(e)):
+                fast(x, axes)
+            break
+        _same(fast(x, axes), want)
+
+
+@pytest.mark.parametrize("act", [None, "relu", "sigmoid"])
+@pytest.mark.parametrize("c,length,m,k,pad,stride", [(129, 3, 128, 3, 1, 1), (128, 3, 64, 3, 1, 2),
+                                                     (128, 1, 1, 1, 0, 1), (1, 576, 20, 256, 0, 128)])
+def test_conv1d_small_path_with_fused_activation(rng, act, c, length, m, k, pad, stride):
+    x, w = nonzero_normal(rng, (1, c, length)), nonzero_normal(rng, (m, c, k)) * 0.1
+    b = nonzero_normal(rng, (m,))
+    win = {"kernel_shape": [k], "strides": [stride], "pads": [pad, pad], "dilations": [1], "group": 1,
+           "auto_pad": "NOTSET"}
+
+    class Prog:  # the 2-D fallback is not taken at these sizes
+        def _conv(self, *a, **kw):
+            raise AssertionError("small 1-D conv left the im2col path")
+    got = conv1d.make(Prog())(x, w, b, _act=act, _act_attrs={}, **win)
+    want = REF["conv"](x, w, b, **win)
+    want = want if act is None else REF[act](want)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+@pytest.mark.parametrize("shape,pads,axes", [((1, 512), [0, 0, 0, 64], None), ((3, 4, 5), [1, 0, 2, 2, 1, 3], None),
+                                             ((3, 6), [2, 1], [-1])])
+def test_pad_plan_cache_matches_reference(rng, mode, shape, pads, axes):
+    from npurun.backends.cpu.ops import pad
+    for dt in (np.int64, np.int32):  # same values, other bytes: a different cache key
+        for _ in range(2):  # the second call runs the cached plan; the fill value is per call
+            x = nonzero_normal(rng, shape)
+            value = np.array(rng.uniform(1, 2), np.float32) if mode == "constant" else None
+            ax = None if axes is None else np.array(axes, dt)
+            want = REF["pad"](x, np.array(pads, dt), value, ax, mode=mode)
+            _same(pad._pad(x, np.array(pads, dt), value, ax, mode=mode), want)
+
