@@ -1,7 +1,7 @@
 """The cpu backend's compiled kernels (csrc/) against the reference kernels, on fresh random
 non-zero inputs: dense/grouped conv as the implicit GEMM (both ISAs this CPU runs), depthwise
-conv, the activation kernel, and the epilogue fusions of whole programs. Winograd:
-tests/test_cpu_winograd.py."""
+conv, the flat-pixel GEMM of conv_gemm.c, the activation kernel, and the epilogue fusions of
+whole programs. Winograd: tests/test_cpu_winograd.py."""
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -74,6 +74,57 @@ def test_native_conv_matches_reference(case, threads, isa, rng, monkeypatch):
             got = nativeconv.conv2d(x, w, b, _attrs(a), act, ACT_ATTRS.get(act, {}), pool, threads, cache, isa,
                                     "direct")  # Winograd has its own test (test_cpu_winograd.py)
             np.testing.assert_allclose(got, _ref_act(want, act), rtol=1e-4, atol=2e-5, err_msg=f"act={act}")
+
+
+FLAT_CONVS = [c for c in CONVS if c[2].get("group", 1) == 1] + [  # + YOLOv8n-like small images
+    ((1, 24, 20, 20), (21, 24, 3, 3), {"pads": [1, 1, 1, 1]}),                    # many tiles, M % 8 != 0
+    ((1, 9, 10, 10), (17, 9, 1, 1), {}),                                           # 1x1: ragged last tile
+    ((1, 5, 11, 13), (6, 5, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),    # stride 2, odd sizes
+    ((1, 4, 12, 12), (5, 4, 1, 1), {"pads": [1, 0, 2, 1]}),                       # padded 1x1
+    ((2, 3, 21, 19), (8, 3, 3, 3), {"strides": [3, 2], "pads": [2, 1, 0, 1]}),    # stride 3, batch 2
+    ((1, 16, 100, 101), (9, 16, 3, 3), {"pads": [1, 1, 1, 1]}),                   # planes > 512 KB: row sub-bands
+    ((1, 8, 131, 130), (6, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # the same, stride 2
+]
+
+
+@pytest.mark.parametrize("isa", native.conv_isas())
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(FLAT_CONVS)))
+def test_flat_conv_matches_reference(case, threads, isa, rng, monkeypatch):
+    """conv_gemm.c, forced: shifted stride-1 tiles (row bands, wrapped columns dropped), im2col
+    panels (strided), 1x1 in place, each with bias and the activation in the store."""
+    xs, ws, a = FLAT_CONVS[case]
+    x = nonzero_normal(rng, xs)
+    w = nonzero_normal(rng, ws) * 0.3
+    b = nonzero_normal(rng, ws[:1])
+    monkeypatch.setattr(nativeconv, "MIN_FLOPS_PER_BAND", 1)  # bands even for these small convs
+    want = KERNELS["conv"](x, w, b, **_attrs(a))
+    with ThreadPoolExecutor(threads) as pool:
+        cache = {}
+        for act in (None, "silu", "clip"):
+            got = nativeconv.conv2d(x, w, b, _attrs(a), act, ACT_ATTRS.get(act, {}), pool, threads, cache, isa, "flat")
+            np.testing.assert_allclose(got, _ref_act(want, act), rtol=1e-4, atol=2e-5, err_msg=f"act={act}")
+
+
+def test_flat_plan_is_rebuilt_for_other_attributes(rng):
+    """One cache shared by two convs of the same weights (conv1d.py's per-weight packs): the
+    planned call of the first must not run the second's strides and pads."""
+    x, w = nonzero_normal(rng, (1, 8, 12, 12)), nonzero_normal(rng, (8, 8, 3, 3))
+    cache = {}
+    for a in ({"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [0, 0, 2, 2]}, {"pads": [1, 1, 1, 1]}):
+        got = nativeconv.conv2d(x, w, None, _attrs(a), "relu", {}, None, 1, cache, native.conv_isas()[0], "flat")
+        np.testing.assert_allclose(got, _ref_act(KERNELS["conv"](x, w, None, **_attrs(a)), "relu"), rtol=1e-4, atol=2e-5)
+
+
+def test_flat_chosen_keeps_winograd_and_big_images():
+    geo3 = (3, 3, 1, 1, 1, 1, 1, 1)
+    assert nativeconv.flat_chosen(64, 64, 1, geo3, 20, 20, "avx512")
+    assert not nativeconv.flat_chosen(64, 64, 1, geo3, 20, 20, "avx2")        # AVX2: the older kernels win
+    assert not nativeconv.flat_chosen(64, 64, 1, geo3, 40, 40, "avx512")      # Winograd wins there
+    assert nativeconv.flat_chosen(64, 64, 1, geo3, 40, 40, "avx512", 2)       # not on 2 threads
+    assert not nativeconv.flat_chosen(96, 24, 1, geo3, 80, 80, "avx512", 2)
+    assert not nativeconv.flat_chosen(16, 16, 1, geo3, 720, 1280, "avx512")   # ESPCN-sized: unchanged
+    assert not nativeconv.flat_chosen(8, 8, 2, geo3, 20, 20, "avx512")        # grouped
 
 
 def test_native_conv_of_a_strided_view(rng):

@@ -1,12 +1,15 @@
-"""The cpu backend's im2col + BLAS conv path (nativeconv._gemm, chosen by gemm_chosen for
-strided convs and small images at one thread) against the reference conv, on fresh random
-inputs: strides, asymmetric and SAME padding, dilation, 1x1, no bias, batch 2, every epilogue."""
+"""Small-image vision kernels of the cpu backend against the reference kernels, on fresh random
+non-zero inputs: the im2col + BLAS conv path (nativeconv._gemm, chosen by gemm_chosen for
+strided convs and small images at one thread; strides, asymmetric and SAME padding, dilation,
+1x1, no bias, batch 2, every epilogue), and cpu/ops/vision.py's separable max_pool (bit-exact:
+max is associative) and cached nearest-resize map. conv_gemm.c: tests/test_cpu_native.py."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from npurun.backends.cpu import native, nativeconv
+from npurun.backends.cpu.ops import vision
 from npurun.backends.reference.kernels import KERNELS
 
 from conftest import nonzero_normal
@@ -57,3 +60,69 @@ def test_gemm_rule():
     assert not nativeconv.gemm_chosen(64, 64, 1, (3, 3, 1, 1, 1, 1, 1, 1), 40, 40)  # Winograd's
     assert not nativeconv.gemm_chosen(32, 32, 1, (1, 1, 1, 1, 1, 1, 0, 0), 80, 80)
     assert not nativeconv.gemm_chosen(64, 64, 4, s2, 20, 20)    # grouped
+
+
+POOLS = [  # x shape, attrs
+    ((1, 16, 10, 10), {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}),                # YOLOv8n's SPPF
+    ((2, 3, 13, 17), {"kernel_shape": [3, 3], "strides": [2, 2]}),
+    ((1, 4, 12, 9), {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]}),
+    ((1, 5, 11, 11), {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 2, 9, 14), {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 3]}),
+    ((2, 3, 8, 11), {"kernel_shape": [2, 4], "pads": [1, 0, 0, 2]}),                   # stride 1, flat passes
+    ((1, 2, 7, 7), {"kernel_shape": [3, 3], "ceil_mode": 1}),
+]
+
+
+def _pool_attrs(a):
+    return {"strides": None, "pads": None, "dilations": None, "ceil_mode": 0, "auto_pad": "NOTSET", **a}
+
+
+@pytest.mark.parametrize("case", range(len(POOLS)))
+def test_max_pool_matches_reference(case, rng):
+    shape, a = POOLS[case]
+    x = nonzero_normal(rng, shape)
+    x.reshape(-1)[rng.integers(0, x.size, 3)] = np.nan  # NaNs propagate as in the reference
+    got = vision._max_pool(x, **_pool_attrs(a))
+    want = KERNELS["max_pool"](x, **_pool_attrs(a))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_max_pool_with_dilation_falls_back(rng):
+    x = nonzero_normal(rng, (1, 3, 12, 12))
+    a = _pool_attrs({"kernel_shape": [3, 3], "dilations": [2, 2]})
+    np.testing.assert_array_equal(vision._max_pool(x, **a), KERNELS["max_pool"](x, **a))
+
+
+RESIZES = [  # x shape, scales or sizes, attrs
+    ((1, 8, 10, 10), np.array([1, 1, 2, 2], np.float32), None, {}),                  # YOLOv8n's upsample
+    ((2, 3, 7, 5), np.array([1, 1, 2.5, 1.5], np.float32), None,
+     {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
+    ((1, 2, 9, 6), None, np.array([1, 2, 4, 13], np.int64), {"coordinate_transformation_mode": "align_corners"}),
+    ((1, 2, 6, 8), None, np.array([5, 3], np.int64), {"axes": [2, 3], "nearest_mode": "ceil"}),
+    ((1, 3, 6, 6), np.array([1, 1, 0.5, 0.7], np.float32), None,
+     {"coordinate_transformation_mode": "pytorch_half_pixel"}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(RESIZES)))
+def test_nearest_resize_matches_reference(case, rng):
+    shape, scales, sizes, extra = RESIZES[case]
+    a = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor",
+         "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0, "axes": None,
+         "keep_aspect_ratio_policy": "stretch", **extra}
+    for _ in range(2):  # the second call takes the cached map
+        x = nonzero_normal(rng, shape)
+        got = vision._resize(x, None, scales, sizes, **a)
+        np.testing.assert_array_equal(got, KERNELS["resize"](x, None, scales, sizes, **a))
+
+
+def test_linear_resize_and_channel_resize_fall_back(rng):
+    x = nonzero_normal(rng, (1, 2, 5, 6))
+    a = {"mode": "linear", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor",
+         "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0, "axes": None,
+         "keep_aspect_ratio_policy": "stretch"}
+    s = np.array([1, 1, 2, 2], np.float32)
+    np.testing.assert_array_equal(vision._resize(x, None, s, None, **a), KERNELS["resize"](x, None, s, None, **a))
+    a["mode"] = "nearest"
+    s = np.array([1, 2, 1, 1], np.float32)
+    np.testing.assert_array_equal(vision._resize(x, None, s, None, **a), KERNELS["resize"](x, None, s, None, **a))

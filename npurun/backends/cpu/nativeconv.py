@@ -1,8 +1,8 @@
 """2-D convolution through the compiled kernels (csrc/): dense and grouped convs as an
 implicit GEMM with the bias and activation fused (conv.c), 3x3 stride-1 dense convs with
 enough channels as Winograd F(4x4, 3x3) (winograd.c; the rule is winograd.chosen), depthwise
-convs as a direct kernel, strided convs and convs on small images as im2col + BLAS sgemm
-(`gemm_chosen`).
+convs as a direct kernel; dense convs on small images (<= 160x160 out) as the flat-pixel GEMM
+of conv_gemm.c (`flat_chosen`), and what is left of `gemm_chosen` as im2col + BLAS sgemm.
 
 Work is split into bands of output rows (dense) or of channels (depthwise), one ctypes call
 per band; ctypes drops the GIL, so the bands run on the backend's threads in parallel.
@@ -32,11 +32,11 @@ def applies(x, w, attrs) -> bool:
     return (LIB is not None and x.ndim == 4 and x.dtype == np.float32 and w.dtype == np.float32)
 
 
-def pack(w: np.ndarray, b: np.ndarray | None, group: int):
-    """Per group: weights (ceil(Mg/4), Cg*kh*kw, 4) and bias padded to a multiple of 4."""
+def pack(w: np.ndarray, b: np.ndarray | None, group: int, mr: int = MR):
+    """Per group: weights (ceil(Mg/mr), Cg*kh*kw, mr) and bias padded to a multiple of mr."""
     m = w.shape[0]
     mg, k = m // group, math.prod(w.shape[1:])
-    mp = -(-mg // MR) * MR
+    mp = -(-mg // mr) * mr
     out = []
     for g in range(group):
         wg = np.zeros((mp, k), np.float32)
@@ -44,15 +44,22 @@ def pack(w: np.ndarray, b: np.ndarray | None, group: int):
         bg = np.zeros(mp, np.float32)
         if b is not None:
             bg[:mg] = b[g * mg:(g + 1) * mg]
-        out.append((np.ascontiguousarray(wg.reshape(mp // MR, MR, k).transpose(0, 2, 1)), bg))
+        out.append((np.ascontiguousarray(wg.reshape(mp // mr, mr, k).transpose(0, 2, 1)), bg))
     return out
 
 
 def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str | None = None,
            algo: str | None = None):
-    """algo: None picks by gemm_chosen / winograd.chosen; "direct", "winograd" or "gemm" forces
-    one (tests)."""
+    """algo: None picks by flat_chosen / gemm_chosen / winograd.chosen; "direct", "winograd",
+    "flat" or "gemm" forces one (tests)."""
     x = np.ascontiguousarray(x)  # the kernels index a dense (N, C, H, W) block; a view may be strided
+    # A node's conv_gemm.c call, once planned for an input shape, skips the rule and the
+    # argument set-up (~8 us a call; YOLOv8n runs 63 convs). The cache belongs to one weight
+    # array (a node, or conv1d.py's per-weight packs), so the attributes are checked too.
+    key = ("plan", x.shape, threads, isa, algo, act)
+    hit = cache.get(key)
+    if hit is not None and (hit[0] is act_attrs or hit[0] == act_attrs) and hit[2] == attrs:
+        return hit[1](x)
     n, c, h, wd = x.shape
     m, cg, kh, kw = w.shape
     group = attrs["group"]
@@ -76,6 +83,13 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
                                     code, alpha, beta, ptr(y[i]), ho, wo, c0, c1))
         _run(run_dw, jobs, pool, threads)
         return y
+    if algo == "flat" or (algo is None and min(*begin, *end) >= 0
+                          and flat_chosen(c, m, group, geo, ho, wo, isa or native.ISA, threads)):
+        if group != 1:
+            raise BackendError(f"cpu conv: algo='flat' needs a dense conv (group 1), got group {group}")
+        run = _flat(x.shape, w, b, geo, code, alpha, beta, y.shape, threads, cache, isa or native.ISA, flops)
+        cache[key] = (act_attrs, run, dict(attrs))
+        return run(x)
     # (1 thread only: at 2, OpenBLAS's own threads and the pool's fight over the cores, 5x slower)
     if algo == "gemm" or (algo is None and threads == 1 and min(*begin, *end) >= 0
                           and gemm_chosen(c, m, group, geo, ho, wo)):
@@ -111,6 +125,26 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
                       code, alpha, beta, ptr(y[i, g * mg:]), ho, wo, r0, r1, 0, nt))
     _run(run, jobs, pool, threads)
     return y
+
+
+FLAT_MAX_PIXELS = 160 * 160  # bigger outputs keep the implicit GEMM / Winograd (ESPCN's tuning)
+FLAT_SPLIT_M = 400  # threads split the output channels at most this many output pixels
+
+
+def flat_chosen(c: int, m: int, group: int, geo: tuple, ho: int, wo: int, isa: str, threads: int = 1) -> bool:
+    """conv_gemm.c for dense convs with at most FLAT_MAX_PIXELS output pixels, except where
+    Winograd wins: 3x3 stride-1 with >= 32 input channels on >= 40x40 outputs (YOLOv8n's
+    64->64 on 40x40: 0.51 ms Winograd, 0.68 ms flat; 32->32 on 40x40 ties; PP-OCRv4 det's
+    96->24 on 160x160: 4.8 against 7.9 ms; 16->16 on 80x80: flat 0.21, Winograd 0.25). On more
+    threads Winograd keeps only > 40x40: flat's own workers scale where Winograd's bands on the
+    Python pool do not (2 threads, 64->64 on 40x40: 0.44 against 0.50 ms). AVX-512 only: the AVX2
+    build (8 x 1-vector tiles, ~80 GFLOP/s) lost to the AVX2 Winograd and implicit GEMM on
+    most of YOLOv8n's shapes (docs/cpu.md, "Small-image convs"). Measured on YOLOv8n's 63 convs
+    at 1 thread, AVX-512: 14.1 ms in all (the previous choice 19.8, ORT 14.3)."""
+    if isa != "avx512" or group != 1 or ho * wo > FLAT_MAX_PIXELS or not hasattr(LIB, f"npr_convg_{isa}"):
+        return False
+    return not (winograd.chosen(c, m, group, geo, ho, wo, isa) and c >= 32
+                and ho * wo >= (1600 if threads == 1 else 1601))
 
 
 def gemm_chosen(c: int, m: int, group: int, geo: tuple, ho: int, wo: int) -> bool:
@@ -192,6 +226,37 @@ def _winograd(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flo
     return y
 
 
+def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flops):
+    """conv_gemm.c, weights packed for the kernel's MR once per node; returns run(x) -> y for
+    inputs of this shape. Threads split the output channels on small images (<= FLAT_SPLIT_M
+    pixels: each thread then streams only its share of the weights, and no band ends in a
+    short tile), else bands of whole output rows; the parts run on conv_gemm.c's workers,
+    which spin between convs (csrc/par.h says why), not on the program's pool."""
+    mr = getattr(LIB, f"npr_convg_{isa}_mr")()
+    if ("flat", mr) not in cache:
+        cache["flat", mr] = pack(w, b, 1, mr)[0]
+    wp, bp = cache["flat", mr]
+    n, c, h, wd = xshape
+    m, ho, wo = yshape[1:]
+    split_m = ho * wo <= FLAT_SPLIT_M
+    parts = min(threads, len(_bands(-(-m // mr) if split_m else ho, threads, flops)))  # fork-join: no more
+    pre = (c, h, wd, ptr(wp), ptr(bp), m, *geo, code, alpha, beta)
+    if parts > 1:  # one call per image, its parts on conv_gemm.c's own spinning workers
+        fn, post = getattr(LIB, f"npr_convg_{isa}_mt"), (ho, wo, parts, int(split_m))
+    else:
+        fn, post = getattr(LIB, f"npr_convg_{isa}"), (ho, wo, 0, ho * wo)
+    xstep, ystep = 4 * c * h * wd, 4 * m * ho * wo  # bytes per image
+
+    def run(x):
+        y = empty(yshape)
+        xp, yp = ptr(x), ptr(y)
+        for i in range(n):
+            _check(fn(xp + i * xstep, *pre, yp + i * ystep, *post))
+        return y
+    run.packed = (wp, bp)  # kept alive with the plan
+    return run
+
+
 def _flat_band(kernel, xv, yv, c0, c1, cg, mg, plane, wp, bp, code, alpha, beta, nt) -> int:
     """Pixels [c0, c1) of a pointwise conv over flat (C, plane) channels: a 1 x (c1-c0) image
     whose input and output channels keep their pitch `plane`."""
@@ -218,6 +283,25 @@ def _run(fn, jobs, pool, threads):
         fn(jobs[0])
         for f in futs:
             f.result()
+
+
+def _declare():
+    """ctypes signatures of conv_gemm.c's entry points (absent from an older build)."""
+    import ctypes
+    P, I, F, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+    for isa in ("avx2", "avx512"):
+        f = getattr(LIB, f"npr_convg_{isa}", None)
+        if f is not None:
+            f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, L, L]
+            f.restype = I
+            f = getattr(LIB, f"npr_convg_{isa}_mt")
+            f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, I, I]
+            f.restype = I
+            getattr(LIB, f"npr_convg_{isa}_mr").restype = I
+
+
+if LIB is not None:
+    _declare()
 
 
 def _check(rc: int):

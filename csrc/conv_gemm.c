@@ -1,0 +1,96 @@
+/* Dense conv as a GEMM over the flattened output pixels (AVX2 + FMA; AVX-512), for the small
+ * images of detection models (YOLOv8n: 10x10 to 160x160):
+ *     y (M, Ho*Wo) = act(W (M, K) @ B (K, Ho*Wo) + bias),  K = C*kh*kw.
+ * Unlike the implicit GEMM of conv.c, whose tiles are pieces of one output row, tiles here run
+ * over the flattened pixels, so a 10- or 20-pixel row no longer leaves vectors half empty. B is
+ * read in place from "phase planes" of the padded input (conv_gemm_tpl.h), contiguous along
+ * the pixels for every tap whatever the stride, through a K-entry offset table: no im2col.
+ * The microkernel (MR channels x up to NVM vectors of pixels) applies bias and activation in
+ * registers before its one store. npr_convg_* runs a range of rows (or pixels) of one image;
+ * npr_convg_*_mt splits one image over the workers of par.h. The rule: nativeconv.flat_chosen;
+ * docs/cpu.md, "Small-image convs". */
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime under -std=c11 */
+#include <stdlib.h>
+#include <string.h>
+#include "act.h"
+#include "par.h"
+
+/* The calling thread's scratch buffers (slot 0: padded input or im2col panel, slot 1: a
+ * tile's outputs), grown to the largest request and kept: a fresh malloc of a few 100 KB per
+ * conv is an mmap whose pages fault in on every call. A thread keeps at most its largest
+ * conv's need (a few MB) until it exits. */
+static void *scratch(int slot, size_t bytes)
+{
+    static _Thread_local void *buf[2];
+    static _Thread_local size_t cap[2];
+    if (bytes > cap[slot]) {
+        free(buf[slot]);
+        cap[slot] = (bytes + 4095) & ~(size_t)4095;
+        buf[slot] = aligned_alloc(64, cap[slot]);
+        if (!buf[slot]) cap[slot] = 0;
+    }
+    return buf[slot];
+}
+
+static inline void store_part256(float *d, __m256 v, int n)
+{
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    memcpy(d, t, sizeof(float) * n);
+}
+
+#define VEC __m256
+#define VL 8
+#define MR 8   /* 8 x 1 vector: 80 GFLOP/s on YOLOv8n's 3x3s; 4 x 3 and 6 x 2 ran 57-68 */
+#define NVM 1
+#define VLOAD _mm256_loadu_ps
+#define VBCAST _mm256_broadcast_ss
+#define VSET1 _mm256_set1_ps
+#define VFMA _mm256_fmadd_ps
+#define VZERO _mm256_setzero_ps
+#define VADD _mm256_add_ps
+#define VACT npr_act
+#define VSTORE _mm256_storeu_ps
+#define STORE_PART store_part256
+#define KERNEL kernel_avx2
+#define CONVG npr_convg_avx2
+#include "conv_gemm_tpl.h"
+#undef VEC
+#undef VL
+#undef MR
+#undef VLOAD
+#undef VBCAST
+#undef VSET1
+#undef VFMA
+#undef VZERO
+#undef VADD
+#undef VACT
+#undef VSTORE
+#undef STORE_PART
+#undef KERNEL
+#undef CONVG
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
+#include "act512.h"
+static inline void store_part512(float *d, __m512 v, int n)
+{
+    _mm512_mask_storeu_ps(d, (__mmask16)((1u << n) - 1), v);
+}
+#define VEC __m512
+#define VL 16
+#define MR 8
+
+#define VLOAD _mm512_loadu_ps
+#define VBCAST(p) _mm512_set1_ps(*(p))
+#define VSET1 _mm512_set1_ps
+#define VFMA _mm512_fmadd_ps
+#define VZERO _mm512_setzero_ps
+#define VADD _mm512_add_ps
+#define VACT npr_act512
+#define VSTORE _mm512_storeu_ps
+#define STORE_PART store_part512
+#define KERNEL kernel_avx512
+#define CONVG npr_convg_avx512
+#include "conv_gemm_tpl.h"
+#pragma GCC pop_options
