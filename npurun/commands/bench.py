@@ -55,9 +55,16 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def alternate(runners: dict, seconds: float, min_runs: int) -> dict[str, list[float]]:
-    """One warm-up call each, then rounds of one call each until `seconds` have passed and
-    every runner has `min_runs` times. Returns seconds per call."""
+# Pause after every timed call: ONNX Runtime's worker threads keep spinning for ~15-20 ms after
+# a run (npurun's conv pool for 0.3 ms), and on a 2-core machine the next runtime's call
+# would otherwise start with a core taken by the previous one's spinners.
+SETTLE_S = 0.03
+
+
+def alternate(runners: dict, seconds: float, min_runs: int, settle_s: float = SETTLE_S) -> dict[str, list[float]]:
+    """One warm-up call each, then rounds of one call each (each followed by `settle_s` of
+    idle time, not timed) until `seconds` have passed and every runner has `min_runs` times.
+    Returns seconds per call."""
     for f in runners.values():
         f()
     times = {k: [] for k in runners}
@@ -65,6 +72,8 @@ def alternate(runners: dict, seconds: float, min_runs: int) -> dict[str, list[fl
     while time.perf_counter() < t_end or min(len(v) for v in times.values()) < min_runs:
         for k, f in runners.items():
             times[k].append(_timed(f))
+            if settle_s:
+                time.sleep(settle_s)
     return times
 
 
