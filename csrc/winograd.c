@@ -17,6 +17,7 @@
  *           one store per vector (through a small buffer at the ragged right edge).
  * Accuracy: F(4x4) multiplies by up to 8 in the transforms; on random inputs its error is
  * ~5e-6 of the output's largest value (the direct kernel's ~1e-7); docs/cpu.md has numbers. */
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime (par.h) under -std=c11 */
 #include <stdlib.h>
 #include <string.h>
 #include "act.h"
@@ -180,3 +181,36 @@ static inline __attribute__((always_inline)) void interleave4_avx512(const __m51
 #define WINO_MR npr_wino_mr_avx512
 #include "wino_tpl.h"
 #pragma GCC pop_options
+
+/* ---- One image's tile rows [tr0, tr1) in `chunks` equal bands on `threads` threads of the
+ * library's one spinning pool (par.h): a band handed over costs ~1 us there, tens of us
+ * through the Program's Python pool (ESPCN runs 23 cascaded bands x 3 convs x 8 parts). */
+#include "par.h"
+
+typedef int (*wino_band)(const float *, int, int, int, const float *, const float *, int, int, int,
+                         int, float, float, float *, int, int, int, int, int);
+typedef struct {
+    wino_band fn; const float *x; int C, H, W; const float *U, *bias; int M, pt, pl, act;
+    float alpha, beta; float *y; int Ho, Wo, tr0, tr1, nt, chunks; atomic_int rc;
+} wino_job;
+
+static void wino_chunk(void *ctx, int i)
+{
+    wino_job *j = ctx;
+    int n = j->tr1 - j->tr0, a = j->tr0 + (int)((long)n * i / j->chunks), b = j->tr0 + (int)((long)n * (i + 1) / j->chunks);
+    if (b > a && j->fn(j->x, j->C, j->H, j->W, j->U, j->bias, j->M, j->pt, j->pl, j->act, j->alpha, j->beta,
+                       j->y, j->Ho, j->Wo, a, b, j->nt))
+        atomic_store(&j->rc, -1);
+}
+
+#define WINO_MT(name, fn)                                                                          \
+int name(const float *x, int C, int H, int W, const float *U, const float *bias, int M, int pt, int pl, \
+         int act, float alpha, float beta, float *y, int Ho, int Wo, int tr0, int tr1, int nt,      \
+         int threads, int chunks)                                                                   \
+{                                                                                                   \
+    wino_job j = {fn, x, C, H, W, U, bias, M, pt, pl, act, alpha, beta, y, Ho, Wo, tr0, tr1, nt, chunks, 0}; \
+    par_run(wino_chunk, &j, chunks, threads);                                                       \
+    return atomic_load(&j.rc);                                                                      \
+}
+WINO_MT(npr_wino_avx2_mt, npr_wino_avx2)
+WINO_MT(npr_wino_avx512_mt, npr_wino_avx512)

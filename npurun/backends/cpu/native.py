@@ -71,6 +71,10 @@ def _load():
         f.argtypes = [P, I, I, I, P, P, I, I, I, I, F, F, P, I, I, I, I, I]
         f.restype = I
         getattr(lib, f"npr_wino_mr_{isa}").restype = I
+        f = getattr(lib, f"npr_wino_{isa}_mt", None)  # the same, its bands on par.h's pool
+        if f is not None:
+            f.argtypes = [P, I, I, I, P, P, I, I, I, I, F, F, P, I, I, I, I, I, I, I]
+            f.restype = I
     lib.npr_dwconv2d.argtypes = [P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I]
     lib.npr_dwconv2d.restype = I
     lib.npr_activation.argtypes = [P, P, L, I, F, F]

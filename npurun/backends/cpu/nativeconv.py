@@ -2,10 +2,14 @@
 implicit GEMM with the bias and activation fused (conv.c), 3x3 stride-1 dense convs with
 enough channels as Winograd F(4x4, 3x3) (winograd.c; the rule is winograd.chosen), depthwise
 convs as a direct kernel; dense convs on small images (<= 160x160 out) as the flat-pixel GEMM
-of conv_gemm.c (`flat_chosen`), and what is left of `gemm_chosen` as im2col + BLAS sgemm.
+of conv_gemm.c (`flat_chosen`), what is left of `gemm_chosen` as im2col + BLAS sgemm, and
+stride-1 convs with <= 4 input channels (ESPCN's 5x5 1->64) as the direct kernel of smallc.c
+(`smallc_chosen`).
 
 Work is split into bands of output rows (dense) or of channels (depthwise), one ctypes call
 per band; ctypes drops the GIL, so the bands run on the backend's threads in parallel.
+Winograd and smallc bands instead go, one call per image, to the library's spinning pool
+(csrc/par.h), whose hand-offs cost ~1 us against tens of us through the Python pool.
 Weights are packed once per node, (M, C, kh, kw) -> (ceil(M/4), C*kh*kw, 4), or transformed
 and packed for Winograd (winograd.pack), and kept in the node's cache.
 """
@@ -50,8 +54,8 @@ def pack(w: np.ndarray, b: np.ndarray | None, group: int, mr: int = MR):
 
 def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str | None = None,
            algo: str | None = None):
-    """algo: None picks by flat_chosen / gemm_chosen / winograd.chosen; "direct", "winograd",
-    "flat" or "gemm" forces one (tests)."""
+    """algo: None picks by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen; "direct",
+    "winograd", "flat", "gemm" or "smallc" forces one (tests)."""
     x = np.ascontiguousarray(x)  # the kernels index a dense (N, C, H, W) block; a view may be strided
     # A node's conv_gemm.c call, once planned for an input shape, skips the rule and the
     # argument set-up (~8 us a call; YOLOv8n runs 63 convs). The cache belongs to one weight
@@ -96,6 +100,12 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
         if group != 1:
             raise BackendError(f"cpu conv: algo='gemm' needs a dense conv (group 1), got group {group}")
         return _gemm(x, w, b, geo, end, code, alpha, beta, y, cache)
+    if algo == "smallc" or (algo is None and min(*begin, *end) >= 0
+                            and smallc_chosen(c, m, group, geo, isa or native.ISA)):
+        if group != 1 or geo[2:6] != (1, 1, 1, 1) or min(*begin, *end) < 0:
+            raise BackendError(f"cpu conv: algo='smallc' needs a stride-1 dilation-1 dense conv with pads >= 0, "
+                               f"got weights {tuple(w.shape)}, group {group}, strides {(sh, sw)}, dilations {(dh, dw)}")
+        return _smallc(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa or native.ISA, flops)
     if algo == "winograd" or (algo is None and winograd.chosen(c, m, group, geo, ho, wo, isa or native.ISA)):
         if group != 1 or geo[:6] != (3, 3, 1, 1, 1, 1):
             raise BackendError(f"cpu conv: algo='winograd' needs a 3x3 stride-1 dilation-1 dense conv, "
@@ -164,6 +174,46 @@ def gemm_chosen(c: int, m: int, group: int, geo: tuple, ho: int, wo: int) -> boo
     return ho * wo <= 144
 
 
+SMALLC_MAX_C = 4  # input channels; above this the implicit GEMM's K is long enough
+
+
+def smallc_chosen(c: int, m: int, group: int, geo: tuple, isa: str) -> bool:
+    """smallc.c, the direct kernel, for stride-1 dilation-1 dense convs with at most
+    SMALLC_MAX_C input channels and at least 2x2 taps, on images flat_chosen leaves (it is
+    checked first). ESPCN's 5x5 1->64 +tanh on 1280x720, 1 thread: AVX-512 ~23 ms against the
+    implicit GEMM's ~51 (docs/cpu.md, "ESPCN 720p -> 4K, now")."""
+    return (group == 1 and c <= SMALLC_MAX_C and geo[2:6] == (1, 1, 1, 1) and geo[0] * geo[1] >= 4
+            and m >= 8 and hasattr(LIB, f"npr_smallc_{isa}"))
+
+
+def _smallc(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flops):
+    """Bands of output rows on the threads; weights packed for the kernel's MB once per node."""
+    fn = getattr(LIB, f"npr_smallc_{isa}")
+    mb = getattr(LIB, f"npr_smallc_mr_{isa}")()
+    if ("smallc", mb) not in cache:
+        cache["smallc", mb] = pack(w, b, 1, mb)[0]
+    wp, bp = cache["smallc", mb]
+    n, c, h, wd = x.shape
+    m, ho, wo = y.shape[1:]
+    kh, kw, pt, pl = geo[0], geo[1], geo[6], geo[7]
+    nt = int(y.nbytes >= STREAM_BYTES)
+    bands = _bands(ho, threads, flops)
+    if threads > 1 and len(bands) > 1:  # the bands on par.h's spinning pool (see _winograd)
+        mt = getattr(LIB, f"npr_smallc_{isa}_mt")
+        for i in range(n):
+            _check(mt(ptr(x[i]), c, h, wd, ptr(wp), ptr(bp), m, kh, kw, pt, pl, code, alpha, beta,
+                      ptr(y[i]), ho, wo, 0, ho, nt, threads, len(bands)))
+        return y
+    jobs = [(i, r0, r1) for i in range(n) for r0, r1 in bands]
+
+    def run(job):
+        i, r0, r1 = job
+        _check(fn(ptr(x[i]), c, h, wd, ptr(wp), ptr(bp), m, kh, kw, pt, pl, code, alpha, beta,
+                  ptr(y[i]), ho, wo, r0, r1, nt))
+    _run(run, jobs, pool, threads)
+    return y
+
+
 def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache):
     """y[i] = act([W | bias] @ [im2col(x[i]); 1]): the bias rides the GEMM as a row of ones;
     one sgemm call per image (BLAS threads: the program's parallelism), then the activation
@@ -208,7 +258,10 @@ def empty(shape) -> np.ndarray:
 
 
 def _winograd(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flops):
-    """Bands of 4-row tile rows on the threads; the transformed weights are kept per node."""
+    """Bands of 4-row tile rows on the threads; the transformed weights are kept per node.
+    On more threads the bands go to the library's one spinning pool (csrc/par.h) in one call
+    per image, not to the Program's Python pool: a hand-off there costs tens of us on a
+    2-vCPU VM, and ESPCN's cascade hands over 23 bands x 8 parts per conv."""
     fn, mr = native.wino_fn(isa)
     if ("wino", mr) not in cache:
         cache["wino", mr] = winograd.pack(w, b, mr)
@@ -216,12 +269,19 @@ def _winograd(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flo
     n, c, h, wd = x.shape
     m, ho, wo = y.shape[1:]
     bands = _bands(-(-ho // 4), threads, flops / 4)  # a quarter of the multiplies
+    nt = int(y.nbytes >= STREAM_BYTES)
+    mt = getattr(LIB, f"npr_wino_{isa or native.ISA}_mt", None)
+    if threads > 1 and len(bands) > 1 and mt is not None:  # the bands on par.h's spinning pool
+        for i in range(n):
+            _check(mt(ptr(x[i]), c, h, wd, ptr(u), ptr(bias), m, geo[6], geo[7], code, alpha, beta,
+                      ptr(y[i]), ho, wo, 0, -(-ho // 4), nt, threads, len(bands)))
+        return y
     jobs = [(i, r0, r1) for i in range(n) for r0, r1 in bands]
 
     def run(job):
         i, r0, r1 = job
         _check(fn(ptr(x[i]), c, h, wd, ptr(u), ptr(bias), m, geo[6], geo[7], code, alpha, beta,
-                  ptr(y[i]), ho, wo, r0, r1, int(y.nbytes >= STREAM_BYTES)))
+                  ptr(y[i]), ho, wo, r0, r1, nt))
     _run(run, jobs, pool, threads)
     return y
 
@@ -298,6 +358,14 @@ def _declare():
             f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, I, I]
             f.restype = I
             getattr(LIB, f"npr_convg_{isa}_mr").restype = I
+        f = getattr(LIB, f"npr_smallc_{isa}", None)  # smallc.c
+        if f is not None:
+            f.argtypes = [P, I, I, I, P, P, I] + [I] * 4 + [I, F, F, P, I, I, I, I, I]
+            f.restype = I
+            getattr(LIB, f"npr_smallc_mr_{isa}").restype = I
+            f = getattr(LIB, f"npr_smallc_{isa}_mt")
+            f.argtypes = [P, I, I, I, P, P, I] + [I] * 4 + [I, F, F, P, I, I, I, I, I, I, I]
+            f.restype = I
 
 
 if LIB is not None:
