@@ -160,6 +160,7 @@ def test_mask_rows_rule():
 MATMULS = [  # a shape, b shape, adds: "b" bias (N,), "r" residual (full), "c" bias (1, 1, N)
     ((1, 128, 384), (384, 384), "br"),
     ((1, 128, 384), (384, 96), ""),
+    ((1, 100, 200), (200, 330), "br"),  # 13 MFLOP, a ragged last panel: split over the C pool
     ((7, 13), (13, 5), "b"),
     ((2, 3, 40), (40, 33), "r"),
     ((1, 9, 70), (70, 47), "cr"),

@@ -196,6 +196,24 @@ def _prepare(cache, b, isa, lib):
         cache.update(b=b, isa=isa, nr=nr, bp=pack(b, isa), bq=None, scale=None)
 
 
+_MT: list = []
+
+
+def _mt(lib):
+    """(npr_gemm_mt, npr_gemm_q8_mt) with their ctypes signatures, or None in an older build."""
+    if not _MT:
+        import ctypes
+        P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+        f, q = getattr(lib, "npr_gemm_mt", None), getattr(lib, "npr_gemm_q8_mt", None)
+        if f is None or q is None:
+            _MT.append(None)
+        else:
+            f.argtypes, f.restype = [I, P, P, P, P, P, L, L, L, L, I, I], None
+            q.argtypes, q.restype = [I, P, P, P, P, P, P, L, L, L, L, P, L, I, I], None
+            _MT.append((f, q))
+    return _MT[0]
+
+
 def linear(program, a, b, cache: dict, adds=()):
     """a @ b [+ bias] [+ residual] on the packed-weight sgemm, b constant (packed on first use,
     kept in `cache`); None where it does not apply: other dtypes or ranks, or adds that are
@@ -230,16 +248,24 @@ def linear(program, a, b, cache: dict, adds=()):
     pa, py = a2.ctypes.data, y.ctypes.data
     pbias = None if bias is None else bias.ctypes.data
     pres = None if res is None else res.ctypes.data
+    mt = _mt(lib) if parts > 1 else None
     if cache["bq"] is not None:
         gemm = getattr(lib, f"npr_gemm_q8_{isa}")
         ws = np.empty((parts, K * nr), np.float32)  # one widened panel per thread
         pq, ps = cache["bq"].ctypes.data, cache["scale"].ctypes.data
+        if mt is not None:  # the panels on the library's spinning pool (csrc/gemm_mt.c)
+            mt[1](isa == "avx512", pa, pq, ps, py, pbias, pres, rows, K, N, panels, ws.ctypes.data, K * nr,
+                  program.threads, parts)
+            return y
 
         def band(j):
             gemm(pa, pq, ps, py, pbias, pres, rows, K, N, edges[j], edges[j + 1], ws[j].ctypes.data)
     else:
         gemm = getattr(lib, f"npr_gemm_{isa}")
         pb = cache["bp"].ctypes.data
+        if mt is not None:
+            mt[0](isa == "avx512", pa, pb, py, pbias, pres, rows, K, N, panels, program.threads, parts)
+            return y
 
         def band(j):
             gemm(pa, pb, py, pbias, pres, rows, K, N, edges[j], edges[j + 1])
