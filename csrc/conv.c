@@ -30,35 +30,15 @@ typedef struct {
 } conv_args;
 
 /* ---- AVX2: 4 x 24 tiles in 12 ymm accumulators */
-#define VEC __m256
-#define VL 8
+#include "simd_avx2.h"
 #define NR 24
-#define VLOAD _mm256_loadu_ps
-#define VBCAST _mm256_broadcast_ss
-#define VSET1 _mm256_set1_ps
-#define VFMA _mm256_fmadd_ps
-#define VZERO _mm256_setzero_ps
-#define VADD _mm256_add_ps
-#define VACT npr_act
-#define VSTORE _mm256_storeu_ps
-#define VSTREAM _mm256_stream_ps
 #define TILE tile_avx2
 #define GATHER gather_avx2
 #define TILES tiles_avx2
 #define CONV2D npr_conv2d_avx2
 #include "conv_tile.h"
-#undef VEC
-#undef VL
+#include "simd_undef.h"
 #undef NR
-#undef VLOAD
-#undef VBCAST
-#undef VSET1
-#undef VFMA
-#undef VZERO
-#undef VADD
-#undef VACT
-#undef VSTORE
-#undef VSTREAM
 #undef TILE
 #undef GATHER
 #undef TILES
@@ -69,18 +49,8 @@ typedef struct {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
 #include "act512.h"
-#define VEC __m512
-#define VL 16
+#include "simd_avx512.h"
 #define NR 32
-#define VLOAD _mm512_loadu_ps
-#define VBCAST(p) _mm512_set1_ps(*(p))
-#define VSET1 _mm512_set1_ps
-#define VFMA _mm512_fmadd_ps
-#define VZERO _mm512_setzero_ps
-#define VADD _mm512_add_ps
-#define VACT npr_act512
-#define VSTORE _mm512_storeu_ps
-#define VSTREAM _mm512_stream_ps
 #define TILE tile_avx512
 #define GATHER gather_avx512
 #define TILES tiles_avx512

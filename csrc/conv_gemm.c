@@ -39,33 +39,15 @@ static inline void store_part256(float *d, __m256 v, int n)
     memcpy(d, t, sizeof(float) * n);
 }
 
-#define VEC __m256
-#define VL 8
+#include "simd_avx2.h"
 #define MR 8   /* 8 x 1 vector: 80 GFLOP/s on YOLOv8n's 3x3s; 4 x 3 and 6 x 2 ran 57-68 */
 #define NVM 1
-#define VLOAD _mm256_loadu_ps
-#define VBCAST _mm256_broadcast_ss
-#define VSET1 _mm256_set1_ps
-#define VFMA _mm256_fmadd_ps
-#define VZERO _mm256_setzero_ps
-#define VADD _mm256_add_ps
-#define VACT npr_act
-#define VSTORE _mm256_storeu_ps
 #define STORE_PART store_part256
 #define KERNEL kernel_avx2
 #define CONVG npr_convg_avx2
 #include "conv_gemm_tpl.h"
-#undef VEC
-#undef VL
+#include "simd_undef.h"
 #undef MR
-#undef VLOAD
-#undef VBCAST
-#undef VSET1
-#undef VFMA
-#undef VZERO
-#undef VADD
-#undef VACT
-#undef VSTORE
 #undef STORE_PART
 #undef KERNEL
 #undef CONVG
@@ -77,18 +59,9 @@ static inline void store_part512(float *d, __m512 v, int n)
 {
     _mm512_mask_storeu_ps(d, (__mmask16)((1u << n) - 1), v);
 }
-#define VEC __m512
-#define VL 16
+#include "simd_avx512.h"
 #define MR 8
 
-#define VLOAD _mm512_loadu_ps
-#define VBCAST(p) _mm512_set1_ps(*(p))
-#define VSET1 _mm512_set1_ps
-#define VFMA _mm512_fmadd_ps
-#define VZERO _mm512_setzero_ps
-#define VADD _mm512_add_ps
-#define VACT npr_act512
-#define VSTORE _mm512_storeu_ps
 #define STORE_PART store_part512
 #define KERNEL kernel_avx512
 #define CONVG npr_convg_avx512

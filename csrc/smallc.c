@@ -17,35 +17,15 @@
 #include "act.h"
 
 /* ---- AVX2: 4 channels x 3 ymm */
-#define VEC __m256
-#define VL 8
+#include "simd_avx2.h"
 #define MB 4
 #define NV 3
-#define VLOAD _mm256_loadu_ps
-#define VBCAST _mm256_broadcast_ss
-#define VSET1 _mm256_set1_ps
-#define VFMA _mm256_fmadd_ps
-#define VZERO _mm256_setzero_ps
-#define VADD _mm256_add_ps
-#define VACT npr_act
-#define VSTORE _mm256_storeu_ps
-#define VSTREAM _mm256_stream_ps
 #define SMALLC npr_smallc_avx2
 #define SMALLC_MR npr_smallc_mr_avx2
 #include "smallc_tpl.h"
-#undef VEC
-#undef VL
+#include "simd_undef.h"
 #undef MB
 #undef NV
-#undef VLOAD
-#undef VBCAST
-#undef VSET1
-#undef VFMA
-#undef VZERO
-#undef VADD
-#undef VACT
-#undef VSTORE
-#undef VSTREAM
 #undef SMALLC
 #undef SMALLC_MR
 
@@ -53,19 +33,9 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
 #include "act512.h"
-#define VEC __m512
-#define VL 16
+#include "simd_avx512.h"
 #define MB 8
 #define NV 3
-#define VLOAD _mm512_loadu_ps
-#define VBCAST(p) _mm512_set1_ps(*(p))
-#define VSET1 _mm512_set1_ps
-#define VFMA _mm512_fmadd_ps
-#define VZERO _mm512_setzero_ps
-#define VADD _mm512_add_ps
-#define VACT npr_act512
-#define VSTORE _mm512_storeu_ps
-#define VSTREAM _mm512_stream_ps
 #define SMALLC npr_smallc_avx512
 #define SMALLC_MR npr_smallc_mr_avx512
 #include "smallc_tpl.h"

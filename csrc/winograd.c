@@ -61,18 +61,10 @@ static inline __attribute__((always_inline)) void interleave4_avx2(const __m256 
     }
 }
 
-#define VEC __m256
-#define VL 8
-#define VLOAD _mm256_loadu_ps
-#define VSTORE _mm256_storeu_ps
-#define VSET1 _mm256_set1_ps
-#define VBCAST _mm256_broadcast_ss
-#define VADD _mm256_add_ps
+#include "simd_avx2.h"
 #define VSUB _mm256_sub_ps
 #define VMUL _mm256_mul_ps
-#define VFMA _mm256_fmadd_ps
 #define VFNMA _mm256_fnmadd_ps
-#define VZERO _mm256_setzero_ps
 #define ACT npr_act
 #define PHASES6 phases6_avx2
 #define INTERLEAVE4 interleave4_avx2
@@ -85,18 +77,10 @@ static inline __attribute__((always_inline)) void interleave4_avx2(const __m256 
 #define WINO npr_wino_avx2
 #define WINO_MR npr_wino_mr_avx2
 #include "wino_tpl.h"
-#undef VEC
-#undef VL
-#undef VLOAD
-#undef VSTORE
-#undef VSET1
-#undef VBCAST
-#undef VADD
+#include "simd_undef.h"
 #undef VSUB
 #undef VMUL
-#undef VFMA
 #undef VFNMA
-#undef VZERO
 #undef ACT
 #undef PHASES6
 #undef INTERLEAVE4
@@ -156,18 +140,10 @@ static inline __attribute__((always_inline)) void interleave4_avx512(const __m51
     }
 }
 
-#define VEC __m512
-#define VL 16
-#define VLOAD _mm512_loadu_ps
-#define VSTORE _mm512_storeu_ps
-#define VSET1 _mm512_set1_ps
-#define VBCAST(p) _mm512_set1_ps(*(p))
-#define VADD _mm512_add_ps
+#include "simd_avx512.h"
 #define VSUB _mm512_sub_ps
 #define VMUL _mm512_mul_ps
-#define VFMA _mm512_fmadd_ps
 #define VFNMA _mm512_fnmadd_ps
-#define VZERO _mm512_setzero_ps
 #define ACT npr_act512
 #define PHASES6 phases6_avx512
 #define INTERLEAVE4 interleave4_avx512
