@@ -156,8 +156,8 @@ CPU_KERNELS = {"conv"} | (set(ACTIVATIONS) if native.LIB is not None else set())
 
 
 def _doc() -> str:
-    how = ("compiled AVX2/FMA kernels (csrc/)" if native.LIB is not None
-           else f"NumPy kernels only: {native.REASON}")
+    how = (f"compiled {native.ISA} kernels (csrc/: convs incl. Winograd, chains, transformer, "
+           f"integer ops)" if native.LIB is not None else f"NumPy kernels only: {native.REASON}")
     return f"Compiled programs on the host CPU: {how}, fused epilogues, threads = parallelism."
 
 
