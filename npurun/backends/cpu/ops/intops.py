@@ -30,7 +30,7 @@ import numpy as np
 
 from ...reference.kernels import KERNELS as REF
 from ...reference.kernels.nn import conv as _fconv
-from ...reference.kernels.quant import _per_channel, _per_row, _requantize
+from ...reference.kernels.quant import _per_channel, _per_row, qlinear_conv_with, qlinear_matmul_with
 
 F32_EXACT = 1 << 24  # every integer up to 2**24 is a float32
 F64_EXACT = 1 << 53
@@ -155,22 +155,11 @@ def _conv_integer(x, w, x_zp=None, w_zp=None, **window):
 
 
 def _qlinear_matmul(mm):
-    def run(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
-        acc = mm(a, b, a_zp, b_zp)  # the reference's body with the fast integer matmul
-        mult = _per_row(a_scale, a) * b_scale.astype(np.float64) / y_scale.astype(np.float64)
-        return _requantize(acc, mult, y_zp)
-    return run
+    return lambda *args: qlinear_matmul_with(mm, *args)
 
 
-def _qlinear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b=None, **window):
-    # the reference's body with the fast integer conv
-    acc = _conv_integer(x, w, x_zp, w_zp, **window).astype(np.int64)
-    if b is not None:
-        acc = acc + b.astype(np.int64).reshape([-1] + [1] * (x.ndim - 2))
-    mult = x_scale.astype(np.float64).reshape(()) * w_scale.astype(np.float64).reshape(-1) / \
-        y_scale.astype(np.float64).reshape(())
-    mult = mult.reshape([-1] + [1] * (x.ndim - 2)) if mult.size > 1 else mult.reshape(())
-    return _requantize(acc.astype(np.int32), mult, y_zp)
+def _qlinear_conv(*args, **window):
+    return qlinear_conv_with(_conv_integer, *args, **window)
 
 
 def _mm_factory(program):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...reference.kernels import KERNELS as REF
-from ...reference.kernels.sequence_models import _ALPHA, _BETA, _activation
+from ...reference.kernels.sequence_models import _activations
 
 
 def _sigmoid(v):
@@ -24,18 +24,9 @@ def _sigmoid(v):
 
 
 def _acts(names, alphas, betas, defaults, dirs):
-    """Per direction, the activation functions (the reference's parsing of names/alpha/beta:
-    alpha/beta lists hold values only for the activations that take them, in order)."""
-    names = list(names or defaults * dirs)
-    alphas, betas = list(alphas or []), list(betas or [])
-    fns = []
-    for nm in names:
-        key = nm.lower()
-        a = alphas.pop(0) if key in _ALPHA and alphas else _ALPHA.get(key)
-        b = betas.pop(0) if key in _BETA and betas else _BETA.get(key)
-        fns.append(_sigmoid if key == "sigmoid" else np.tanh if key == "tanh" else _activation(nm, a, b))
-    per = len(fns) // dirs
-    return [fns[i * per:(i + 1) * per] for i in range(dirs)]
+    """Per direction, the activation functions, parsed as the reference does, with NumPy's
+    tanh and a sigmoid without overflow."""
+    return _activations(names, alphas, betas, defaults, dirs, {"sigmoid": _sigmoid, "tanh": np.tanh})
 
 
 def _covered(x, w, r, sequence_lens, layout) -> bool:

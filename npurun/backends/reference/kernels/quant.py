@@ -100,7 +100,12 @@ def _requantize(acc, multiplier, y_zp):
 
 @kernel("qlinear_matmul")
 def qlinear_matmul(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
-    acc = matmul_integer(a, b, a_zp, b_zp)
+    return qlinear_matmul_with(matmul_integer, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)
+
+
+def qlinear_matmul_with(mm, a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp):
+    """QLinearMatMul with `mm` as its MatMulInteger (the cpu backend passes a faster one)."""
+    acc = mm(a, b, a_zp, b_zp)
     mult = _per_row(a_scale, a) * b_scale.astype(np.float64) / y_scale.astype(np.float64)
     return _requantize(acc, mult, y_zp)
 
@@ -120,7 +125,12 @@ def conv_integer(x, w, x_zp=None, w_zp=None, **window):
 
 @kernel("qlinear_conv")
 def qlinear_conv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b=None, **window):
-    acc = conv_integer(x, w, x_zp, w_zp, **window).astype(np.int64)
+    return qlinear_conv_with(conv_integer, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b, **window)
+
+
+def qlinear_conv_with(ci, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, b=None, **window):
+    """QLinearConv with `ci` as its ConvInteger (the cpu backend passes a faster one)."""
+    acc = ci(x, w, x_zp, w_zp, **window).astype(np.int64)
     if b is not None:
         acc = acc + b.astype(np.int64).reshape([-1] + [1] * (x.ndim - 2))
     mult = x_scale.astype(np.float64).reshape(()) * w_scale.astype(np.float64).reshape(-1) / \

@@ -240,9 +240,10 @@ _ALPHA = {"leakyrelu": 0.01, "thresholdedrelu": 1.0, "scaledtanh": 1.0, "hardsig
 _BETA = {"scaledtanh": 1.0, "hardsigmoid": 0.5, "affine": 0.0}
 
 
-def _activations(names, alphas, betas, defaults, dirs):
+def _activations(names, alphas, betas, defaults, dirs, plain=None):
     """Per direction, the list of activation functions. activation_alpha/beta list values only
-    for the activations that take them, in order."""
+    for the activations that take them, in order. `plain` maps lower-case names of activations
+    without parameters to other implementations (the cpu backend's faster sigmoid)."""
     names = list(names or defaults * dirs)
     alphas, betas = list(alphas or []), list(betas or [])
     fns = []
@@ -250,7 +251,7 @@ def _activations(names, alphas, betas, defaults, dirs):
         key = nm.lower()
         a = alphas.pop(0) if key in _ALPHA and alphas else _ALPHA.get(key)
         b = betas.pop(0) if key in _BETA and betas else _BETA.get(key)
-        fns.append(_activation(nm, a, b))
+        fns.append((plain or {}).get(key) or _activation(nm, a, b))
     per = len(fns) // dirs
     return [fns[i * per:(i + 1) * per] for i in range(dirs)]
 
