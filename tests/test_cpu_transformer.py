@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import npurun
-from npurun.backends.cpu import fuse, fuse_transformer, native
+from npurun.backends.cpu import fuse_transformer, native
 from npurun.backends.cpu.ops import matmul as MM
 from npurun.backends.cpu.ops import transformer as T
 from npurun.backends.reference.kernels import KERNELS
@@ -31,19 +31,9 @@ def prog(threads):
 
 
 def compile_fused(g, threads=1):
-    """A cpu program with fuse_transformer run before fuse.py's rewrites, the order the
-    backend's compile is to run them in (fuse.py's elementwise chains would otherwise take
-    the tail of the GELU chain); a second call of fuse_transformer.fuse changes nothing."""
-    saved = fuse.fuse_epilogues
-
-    def both(prog, native_ok):
-        done = fuse_transformer.fuse(prog)
-        return {**saved(prog, native_ok), **done}
-    fuse.fuse_epilogues = both
-    try:
-        return npurun.Executor("cpu", parallelism=threads).compile(g)
-    finally:
-        fuse.fuse_epilogues = saved
+    """A cpu program as the backend compiles it: fuse_transformer's rewrites run before
+    fuse.py's (whose elementwise chains would otherwise take the tail of the GELU chain)."""
+    return npurun.Executor("cpu", parallelism=threads).compile(g)
 
 
 @pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 128, 96), (1, 17, 1, 9)])
