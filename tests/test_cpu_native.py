@@ -56,6 +56,23 @@ ACT_ATTRS = {"leaky_relu": {"alpha": 0.1}, "clip": {"_min": -0.5, "_max": 0.7},
              "hard_sigmoid": {"alpha": 0.3, "beta": 0.4}}
 
 
+def close(got, want_pre, act, atol=2e-5):
+    np.testing.assert_allclose(got, _ref_act(want_pre, act), rtol=1e-4, atol=atol, err_msg=f"act={act}")
+
+
+def check_conv(algo, x, w, b, attrs, want_pre, threads, isa, check=close, acts=ACTS):
+    """nativeconv.conv2d with kernel `algo` forced, for each fused activation in `acts` (one
+    weight cache across the calls: packed weights are reused), against the reference conv's
+    result before the activation: `check(got, want_pre, act)`."""
+    with ThreadPoolExecutor(threads) as pool:
+        cache = {}
+        for act in acts:
+            got = nativeconv.conv2d(x, w, b, _attrs(attrs), act, ACT_ATTRS.get(act, {}), pool, threads, cache,
+                                    isa, algo)
+            assert got.dtype == np.float32 and got.shape == want_pre.shape
+            check(got, want_pre, act)
+
+
 @pytest.mark.parametrize("isa", native.conv_isas())
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", range(len(CONVS)))
@@ -67,13 +84,8 @@ def test_native_conv_matches_reference(case, threads, isa, rng, monkeypatch):
     monkeypatch.setattr(nativeconv, "MIN_FLOPS_PER_BAND", 1)  # split even these small convs
     if threads == 2:  # non-temporal stores (big outputs only, normally) on the aligned rows
         monkeypatch.setattr(nativeconv, "STREAM_BYTES", 0)
-    want = KERNELS["conv"](x, w, b, **_attrs(a))
-    with ThreadPoolExecutor(threads) as pool:
-        cache = {}
-        for act in ACTS:  # the same cache: packed weights are reused across calls
-            got = nativeconv.conv2d(x, w, b, _attrs(a), act, ACT_ATTRS.get(act, {}), pool, threads, cache, isa,
-                                    "direct")  # Winograd has its own test (test_cpu_winograd.py)
-            np.testing.assert_allclose(got, _ref_act(want, act), rtol=1e-4, atol=2e-5, err_msg=f"act={act}")
+    # Winograd, smallc have their own tests (test_cpu_winograd.py, test_cpu_smallc.py)
+    check_conv("direct", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, isa)
 
 
 FLAT_CONVS = [c for c in CONVS if c[2].get("group", 1) == 1] + [  # + YOLOv8n-like small images
@@ -98,12 +110,7 @@ def test_flat_conv_matches_reference(case, threads, isa, rng, monkeypatch):
     w = nonzero_normal(rng, ws) * 0.3
     b = nonzero_normal(rng, ws[:1])
     monkeypatch.setattr(nativeconv, "MIN_FLOPS_PER_BAND", 1)  # bands even for these small convs
-    want = KERNELS["conv"](x, w, b, **_attrs(a))
-    with ThreadPoolExecutor(threads) as pool:
-        cache = {}
-        for act in (None, "silu", "clip"):
-            got = nativeconv.conv2d(x, w, b, _attrs(a), act, ACT_ATTRS.get(act, {}), pool, threads, cache, isa, "flat")
-            np.testing.assert_allclose(got, _ref_act(want, act), rtol=1e-4, atol=2e-5, err_msg=f"act={act}")
+    check_conv("flat", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, isa, acts=(None, "silu", "clip"))
 
 
 def test_flat_plan_is_rebuilt_for_other_attributes(rng):

@@ -3,7 +3,6 @@ fresh random non-zero inputs: ragged widths (not multiples of a tile, one pixel 
 ragged heights, M off the channel block, 1-4 input channels, odd and even kernels, symmetric,
 asymmetric and no padding, with and without bias, every fused activation, 1 and 2 threads
 (several bands), every ISA this CPU runs; plus the rule and the error for shapes it lacks."""
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from npurun.backends.cpu import native, nativeconv
 from npurun.backends.reference.kernels import KERNELS
 
 from conftest import nonzero_normal
-from test_cpu_native import ACT_ATTRS, ACTS, _attrs, _ref_act
+from test_cpu_native import _attrs, check_conv, close
 
 pytestmark = pytest.mark.skipif(native.LIB is None, reason=f"compiled kernels unavailable: {native.REASON}")
 
@@ -40,13 +39,7 @@ def test_smallc_matches_reference(case, threads, isa, rng, monkeypatch):
         monkeypatch.setattr(nativeconv, "STREAM_BYTES", 0)
     want = KERNELS["conv"](x.astype(np.float64), w.astype(np.float64),
                            None if b is None else b.astype(np.float64), **_attrs(a))
-    with ThreadPoolExecutor(threads) as pool:
-        cache = {}
-        for act in ACTS:  # the same cache: packed weights are reused across calls
-            got = nativeconv.conv2d(x, w, b, _attrs(a), act, ACT_ATTRS.get(act, {}), pool, threads, cache,
-                                    isa, "smallc")
-            assert got.dtype == np.float32 and got.shape == want.shape
-            np.testing.assert_allclose(got, _ref_act(want, act), rtol=1e-4, atol=1e-4, err_msg=f"act={act}")
+    check_conv("smallc", x, w, b, a, want, threads, isa, lambda g, wp, act: close(g, wp, act, atol=1e-4))
 
 
 @pytest.mark.parametrize("isa", native.conv_isas())

@@ -6,7 +6,6 @@ runs; plus the cost rule and the choice a whole program makes.
 
 Tolerance: F(4x4) is a few bits less precise than a direct conv, so the error is bounded
 relative to the largest output (3e-5 of it; measured ~5e-6, the backend allows 1e-4)."""
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from npurun.backends.reference.kernels import KERNELS
 from npurun.ir import parse
 
 from conftest import nonzero_normal
-from test_cpu_native import ACT_ATTRS, ACTS, _attrs, _ref_act
+from test_cpu_native import _attrs, _ref_act, check_conv
 
 pytestmark = pytest.mark.skipif(native.LIB is None, reason=f"compiled kernels unavailable: {native.REASON}")
 
@@ -53,13 +52,7 @@ def test_winograd_matches_reference(case, threads, isa, rng, monkeypatch):
         monkeypatch.setattr(nativeconv, "STREAM_BYTES", 0)
     want = KERNELS["conv"](x.astype(np.float64), w.astype(np.float64),
                            None if b is None else b.astype(np.float64), **_attrs(a))
-    with ThreadPoolExecutor(threads) as pool:
-        cache = {}
-        for act in ACTS:  # the same cache: transformed weights are reused across calls
-            got = nativeconv.conv2d(x, w, b, _attrs(a), act, ACT_ATTRS.get(act, {}), pool, threads, cache,
-                                    isa, "winograd")
-            assert got.dtype == np.float32 and got.shape == want.shape
-            _check(got, want, act)
+    check_conv("winograd", x, w, b, a, want, threads, isa, _check)
 
 
 def test_winograd_error_is_small_relative_to_the_output(rng):
