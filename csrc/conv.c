@@ -58,6 +58,8 @@ typedef struct {
 #include "conv_tile.h"
 #pragma GCC pop_options
 
+void npr_activation(const float *x, float *y, long n, int act, float alpha, float beta);
+
 /* Depthwise conv (group == C == M), channels [c0, c1) of one image: each output row is a sum
  * of kh*kw shifted input rows times one weight; plain loops the compiler vectorises. */
 int npr_dwconv2d(const float *x, int C, int H, int W, const float *w, const float *bias,
@@ -69,7 +71,6 @@ int npr_dwconv2d(const float *x, int C, int H, int W, const float *w, const floa
     float *row = aligned_alloc(64, sizeof(float) * (((size_t)kh * Wp + 15) & ~(size_t)15));
     float *acc = aligned_alloc(64, sizeof(float) * (((size_t)Wo + 15) & ~(size_t)15));
     if (!row || !acc) { free(row); free(acc); return -1; }
-    __m256 al = _mm256_set1_ps(alpha), be = _mm256_set1_ps(beta);
     for (int c = c0; c < c1; c++) {
         const float *xc = x + (long)c * H * W, *wc = w + (long)c * kh * kw;
         for (int r = 0; r < Ho; r++) {
@@ -91,16 +92,7 @@ int npr_dwconv2d(const float *x, int C, int H, int W, const float *w, const floa
                     else
                         for (int j = 0; j < Wo; j++) acc[j] += wv * src[j * sw];
                 }
-            float *yr = y + ((long)c * Ho + r) * Wo;
-            int j = 0;
-            for (; j + 8 <= Wo; j += 8)
-                _mm256_storeu_ps(yr + j, npr_act(_mm256_loadu_ps(acc + j), act, al, be));
-            if (j < Wo) {
-                float t[8] = {0};
-                memcpy(t, acc + j, sizeof(float) * (Wo - j));
-                _mm256_storeu_ps(t, npr_act(_mm256_loadu_ps(t), act, al, be));
-                memcpy(yr + j, t, sizeof(float) * (Wo - j));
-            }
+            npr_activation(acc, y + ((long)c * Ho + r) * Wo, Wo, act, alpha, beta);
         }
     }
     free(row);
