@@ -15,6 +15,7 @@
  *
  * Column blocks of XB pixels are walked row by row, so the kh input rows a row of tiles
  * reads are still in L2 when the next output row needs them. */
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime (par.h) under -std=c11 */
 #include <stdlib.h>
 #include <string.h>
 #include "act.h"
@@ -113,4 +114,77 @@ void npr_activation(const float *x, float *y, long n, int act, float alpha, floa
         _mm256_storeu_ps(t, npr_act(_mm256_loadu_ps(t), act, al, be));
         memcpy(y + i, t, sizeof(float) * (n - i));
     }
+}
+
+/* ---- The multi-threaded entry points: one call splits the work into `chunks` equal bands on
+ * `threads` threads of the library's one spinning pool (par.h says why not Python's pool: a
+ * YOLOv8n conv takes 20-300 us, a hand-off there tens of us). */
+#include "par.h"
+
+typedef int (*conv_band)(const float *, int, int, int, const float *, const float *, int, int, int, int, int,
+                         int, int, int, int, int, float, float, float *, int, int, int, int, long, int);
+typedef struct {
+    conv_band fn; const float *x; int C, H, W; const float *wp, *bias; int M, kh, kw, sh, sw, dh, dw, pt, pl;
+    int act; float alpha, beta; float *y; int Ho, Wo, nt, flat, chunks; atomic_int rc;
+} conv_job;
+
+#define FLAT_PIX 64  /* a pointwise conv's pixel row is split in groups of this many */
+
+static void conv_chunk(void *ctx, int i)
+{
+    conv_job *j = ctx;
+    int rc;
+    if (j->flat) {  /* pixels [a, b) of the flat (C, Ho*Wo) rows, passed as a 1 x (b-a) image */
+        long plane = (long)j->Ho * j->Wo, groups = plane / FLAT_PIX > 0 ? plane / FLAT_PIX : 1;
+        long g0 = groups * i / j->chunks, g1 = groups * (i + 1) / j->chunks;
+        long a = g0 * FLAT_PIX, b = g1 == groups ? plane : g1 * FLAT_PIX;
+        if (b <= a) return;
+        rc = j->fn(j->x + a, j->C, 1, (int)plane, j->wp, j->bias, j->M, 1, 1, 1, 1, 1, 1, 0, 0, j->act,
+                   j->alpha, j->beta, j->y + a, 1, (int)(b - a), 0, 1, plane, j->nt);
+    } else {
+        int a = (int)((long)j->Ho * i / j->chunks), b = (int)((long)j->Ho * (i + 1) / j->chunks);
+        if (b <= a) return;
+        rc = j->fn(j->x, j->C, j->H, j->W, j->wp, j->bias, j->M, j->kh, j->kw, j->sh, j->sw, j->dh, j->dw,
+                   j->pt, j->pl, j->act, j->alpha, j->beta, j->y, j->Ho, j->Wo, a, b, 0, j->nt);
+    }
+    if (rc) atomic_store(&j->rc, -1);
+}
+
+/* One image of a dense (group 1) conv; flat: a pointwise stride-1 unpadded conv, split by
+ * pixels rather than rows (whole tiles even on small images). */
+#define CONV_MT(name, fn)                                                                          \
+int name(const float *x, int C, int H, int W, const float *wp, const float *bias, int M, int kh, int kw, \
+         int sh, int sw, int dh, int dw, int pt, int pl, int act, float alpha, float beta, float *y,      \
+         int Ho, int Wo, int nt, int flat, int threads, int chunks)                                       \
+{                                                                                                   \
+    conv_job j = {fn, x, C, H, W, wp, bias, M, kh, kw, sh, sw, dh, dw, pt, pl, act, alpha, beta, y,  \
+                  Ho, Wo, nt, flat, chunks, 0};                                                     \
+    par_run(conv_chunk, &j, chunks, threads);                                                       \
+    return atomic_load(&j.rc);                                                                      \
+}
+CONV_MT(npr_conv2d_avx2_mt, npr_conv2d_avx2)
+CONV_MT(npr_conv2d_avx512_mt, npr_conv2d_avx512)
+
+typedef struct {
+    const float *x; int C, H, W; const float *w, *bias; int kh, kw, sh, sw, dh, dw, pt, pl;
+    int act; float alpha, beta; float *y; int Ho, Wo, chunks; atomic_int rc;
+} dw_job;
+
+static void dw_chunk(void *ctx, int i)
+{
+    dw_job *j = ctx;
+    int a = (int)((long)j->C * i / j->chunks), b = (int)((long)j->C * (i + 1) / j->chunks);
+    if (b > a && npr_dwconv2d(j->x, j->C, j->H, j->W, j->w, j->bias, j->kh, j->kw, j->sh, j->sw, j->dh,
+                              j->dw, j->pt, j->pl, j->act, j->alpha, j->beta, j->y, j->Ho, j->Wo, a, b))
+        atomic_store(&j->rc, -1);
+}
+
+/* One image of a depthwise conv, its channels in `chunks` bands. */
+int npr_dwconv2d_mt(const float *x, int C, int H, int W, const float *w, const float *bias,
+                    int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
+                    int act, float alpha, float beta, float *y, int Ho, int Wo, int threads, int chunks)
+{
+    dw_job j = {x, C, H, W, w, bias, kh, kw, sh, sw, dh, dw, pt, pl, act, alpha, beta, y, Ho, Wo, chunks, 0};
+    par_run(dw_chunk, &j, chunks, threads);
+    return atomic_load(&j.rc);
 }

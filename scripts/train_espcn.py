@@ -43,6 +43,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = ["brick.png", "camera.png", "cell.png", "clock_motion.png", "coins.png",
          "grass.png", "gravel.png", "hubble_deep_field.jpg", "ihc.png", "moon.png",
          "motorcycle_left.png", "motorcycle_right.png", "page.png", "retina.jpg", "text.png"]
+# Camera photographs of everyday scenes and materials: the domain `npurun upscale` is for.
+# The rest are microscopy, astronomy, documents and a deliberately motion-blurred photo.
+SCENES = ["brick.png", "camera.png", "coins.png", "grass.png", "gravel.png",
+          "motorcycle_left.png", "motorcycle_right.png"]
 HELD_OUT = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg"]
 SAMPLE = "rocket.jpg"  # public domain (SpaceX), so it may ship inside our package
 
@@ -113,12 +117,15 @@ class PatchSampler:
     zero padding) and xm/ym masks say what is inside, so edges are trained as evaluated.
     """
 
-    def __init__(self, pairs, patch, rng, per_photo=False, min_std=0.01, border=0):
+    def __init__(self, pairs, patch, rng, per_photo=False, min_std=0.01, border=0,
+                 weights=None, contrast=1.0):
         self.pairs, self.patch, self.rng, self.min_std = pairs, patch, rng, min_std
-        self.border = border
+        self.border, self.contrast = border, contrast
         areas = np.array([lr.size for _, lr in pairs], dtype=np.float64)
         if per_photo:
             areas = np.ones_like(areas)
+        if weights is not None:
+            areas = areas * np.asarray(weights, dtype=np.float64)
         self.p = areas / areas.sum()
         if border:  # zero-pad each photo once: LR by R + p/2, HR by 3x that
             q, s = border + patch // 2, SCALE
@@ -150,6 +157,15 @@ class PatchSampler:
         if not r:
             xm = None
             y = hr[i * s:(i + p) * s, j * s:(j + p) * s]
+        if self.contrast != 1.0:
+            # Contrast around the patch mean: LR = bicubic(HR) is linear, so a*(t - m) + m
+            # keeps the pair consistent (up to Pillow's 8-bit rounding); teaches the
+            # flat-lit scans' edges at the contrasts of sunlit photos and vice versa.
+            a = float(np.exp(self.rng.uniform(-1, 1) * np.log(self.contrast)))
+            m = float(x.mean() if xm is None else x[xm > 0].mean())
+            x, y = a * (x - m) + m, a * (y - m) + m
+            if xm is not None:
+                x = x * xm  # outside the photo stays a raw 0, as the exported model pads
         k = int(self.rng.integers(8))  # dihedral group: rot90^k, optional transpose
         out = [np.rot90(t, k % 4) for t in (x, y, xm) if t is not None]
         if k >= 4:
@@ -245,15 +261,20 @@ def main():
                     help="start from this espcn_x3.onnx's weights (continue a training run)")
     ap.add_argument("--per-photo", action="store_true",
                     help="sample every training photo equally often (not by area)")
+    ap.add_argument("--scene-weight", type=float, default=1.0,
+                    help="draw the camera photographs of scenes (SCENES) this many times as often")
+    ap.add_argument("--contrast", type=float, default=1.0,
+                    help="random patch contrast in [1/A, A] (log-uniform); 1: off")
     ap.add_argument("--val-every", type=int, default=0,
                     help="print the gain over bicubic on the whole training photos every N steps")
     ap.add_argument("--no-held-out", action="store_true",
                     help="recipe probe: skip the held-out evaluation (write the model only)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "npurun" / "zoo")
     args = ap.parse_args()
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
     rng = np.random.default_rng(args.seed)
@@ -261,7 +282,9 @@ def main():
 
     zooms = [float(z) for z in args.zooms.split(",")]
     pairs = [load_pair(data / f, z)[:2] for f in TRAIN for z in zooms]
-    sampler = PatchSampler(pairs, args.patch, rng, per_photo=args.per_photo, border=args.border)
+    weights = [args.scene_weight if f in SCENES else 1.0 for f in TRAIN for _ in zooms]
+    sampler = PatchSampler(pairs, args.patch, rng, per_photo=args.per_photo, border=args.border,
+                           weights=weights, contrast=args.contrast)
     val = [load_pair(data / f) for f in TRAIN] if args.val_every else []
     model = ESPCN()
     if args.init:  # continue from an exported model: its initializers are our state dict

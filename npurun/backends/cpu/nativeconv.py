@@ -79,6 +79,11 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
                            np.ascontiguousarray(b, np.float32) if b is not None else np.zeros(c, np.float32))
         wdw, bdw = cache["dw"]
         bands = _bands(c, threads, flops)
+        if threads > 1 and len(bands) > 1:  # channel bands on par.h's spinning pool
+            for i in range(n):
+                _check(LIB.npr_dwconv2d_mt(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo,
+                                           code, alpha, beta, ptr(y[i]), ho, wo, threads, len(bands)))
+            return y
         jobs = [(i, c0, c1) for i in range(n) for c0, c1 in bands]
 
         def run_dw(job):
@@ -121,6 +126,13 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
     flat = geo == (1, 1, 1, 1, 1, 1, 0, 0)
     rows = max(1, ho * wo // 64) if flat else ho  # the flat row splits into bands of 64-pixel groups
     bands = _bands(rows, threads, flops / group)
+    if threads > 1 and len(bands) > 1 and group == 1:  # the bands on par.h's spinning pool
+        mt = getattr(LIB, f"npr_conv2d_{isa or native.ISA}_mt")
+        wp, bp = packed[0]
+        for i in range(n):
+            _check(mt(ptr(x[i]), c, h, wd, ptr(wp), ptr(bp), m, *geo, code, alpha, beta,
+                      ptr(y[i]), ho, wo, nt, int(flat), threads, len(bands)))
+        return y
     jobs = [(i, g, r0, r1) for i in range(n) for g in range(group) for r0, r1 in bands]
 
     def run(job):
@@ -358,6 +370,10 @@ def _declare():
             f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, I, I]
             f.restype = I
             getattr(LIB, f"npr_convg_{isa}_mr").restype = I
+        f = getattr(LIB, f"npr_conv2d_{isa}_mt", None)  # conv.c
+        if f is not None:
+            f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, I, I, I, I]
+            f.restype = I
         f = getattr(LIB, f"npr_smallc_{isa}", None)  # smallc.c
         if f is not None:
             f.argtypes = [P, I, I, I, P, P, I] + [I] * 4 + [I, F, F, P, I, I, I, I, I]
@@ -366,6 +382,12 @@ def _declare():
             f = getattr(LIB, f"npr_smallc_{isa}_mt")
             f.argtypes = [P, I, I, I, P, P, I] + [I] * 4 + [I, F, F, P, I, I, I, I, I, I, I]
             f.restype = I
+
+
+    f = getattr(LIB, "npr_dwconv2d_mt", None)
+    if f is not None:
+        f.argtypes = [P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I]
+        f.restype = I
 
 
 if LIB is not None:
