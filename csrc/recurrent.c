@@ -1,0 +1,79 @@
+/* The LSTM recurrence of npurun's cpu backend (npurun/backends/cpu/ops/recurrent.py), float32,
+ * ONNX's default activations (sigmoid for i, o, f; tanh for the cell and the output), no clip,
+ * no peepholes, no input_forget: everything else stays on the NumPy path.
+ *
+ * The input projections of all steps (x @ W^T + Wb + Rb) are one BLAS product done by the
+ * caller; this runs what is left, step by step: g = proj[t] + h @ R^T, then
+ *     i, o, f = sigmoid(g[0:H]), sigmoid(g[H:2H]), sigmoid(g[2H:3H]);  c~ = tanh(g[3H:4H])
+ *     c = f * c + i * c~;   h = o * tanh(c)
+ * Why C: silero-vad runs one 128-wide step per 512-sample chunk, and the NumPy form of that
+ * step is ~10 calls (~25 us warm, several times that after the 30 ms idle of a streaming
+ * caller); here it is one call. h @ R^T walks R^T (H, 4H, row-major) in slabs of 64 columns
+ * held in 8 accumulators, so each h[k] broadcast feeds 8 FMAs. */
+#include <stdlib.h>
+#include <string.h>
+#include "act.h"
+
+#define SLAB 64  /* gate columns per accumulator block: 8 ymm */
+
+/* One direction over S steps of a batch of B. proj (S, B, 4H); rt = R^T (H, 4H); h, c (B, H)
+ * the initial states, overwritten with the final ones; y: step t's h goes to y + t * ys (B rows
+ * of H, row pitch H). reverse: the steps run from S-1 down to 0. 4H must be a multiple of 8. */
+int npr_lstm_f32(const float *proj, const float *rt, float *h, float *c, float *y, long ys,
+                 int S, int B, int H, int reverse)
+{
+    const int G = 4 * H;
+    if (G % 8) return -2;
+    float *g = aligned_alloc(32, sizeof(float) * (size_t)((G + 7) & ~7));
+    if (!g) return -1;
+    const __m256 zero = _mm256_setzero_ps();
+    for (int s = 0; s < S; s++) {
+        int t = reverse ? S - 1 - s : s;
+        for (int b = 0; b < B; b++) {
+            const float *p = proj + ((long)t * B + b) * G;
+            float *hb = h + (long)b * H, *cb = c + (long)b * H;
+            for (int j = 0; j < G; j += SLAB) {
+                int w = G - j < SLAB ? G - j : SLAB, nv = w / 8;
+                __m256 acc[8];
+                for (int v = 0; v < 8; v++) acc[v] = v < nv ? _mm256_loadu_ps(p + j + 8 * v) : zero;
+                const float *r = rt + j;
+                if (nv == 8) {
+                    for (int k = 0; k < H; k++, r += G) {
+                        __m256 hk = _mm256_broadcast_ss(hb + k);
+                        for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + 8 * v), acc[v]);
+                    }
+                } else {
+                    for (int k = 0; k < H; k++, r += G) {
+                        __m256 hk = _mm256_broadcast_ss(hb + k);
+                        for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + 8 * v), acc[v]);
+                    }
+                }
+                for (int v = 0; v < nv; v++) _mm256_store_ps(g + j + 8 * v, acc[v]);
+            }
+            /* the gates of all H units are in g: now the state may change */
+            int k = 0;
+            for (; k + 8 <= H; k += 8) {
+                __m256 i = npr_sigmoid(_mm256_load_ps(g + k)), o = npr_sigmoid(_mm256_loadu_ps(g + H + k));
+                __m256 f = npr_sigmoid(_mm256_loadu_ps(g + 2 * H + k)), cc = npr_tanh(_mm256_loadu_ps(g + 3 * H + k));
+                __m256 cn = _mm256_fmadd_ps(f, _mm256_loadu_ps(cb + k), _mm256_mul_ps(i, cc));
+                _mm256_storeu_ps(cb + k, cn);
+                _mm256_storeu_ps(hb + k, _mm256_mul_ps(o, npr_tanh(cn)));
+            }
+            if (k < H) {  /* a ragged tail of H: the same through 8-float buffers */
+                float ti[8] = {0}, to[8] = {0}, tf[8] = {0}, tc[8] = {0}, tcs[8] = {0}, th[8];
+                int n = H - k;
+                memcpy(ti, g + k, 4 * n); memcpy(to, g + H + k, 4 * n);
+                memcpy(tf, g + 2 * H + k, 4 * n); memcpy(tc, g + 3 * H + k, 4 * n); memcpy(tcs, cb + k, 4 * n);
+                __m256 cn = _mm256_fmadd_ps(npr_sigmoid(_mm256_loadu_ps(tf)), _mm256_loadu_ps(tcs),
+                                            _mm256_mul_ps(npr_sigmoid(_mm256_loadu_ps(ti)), npr_tanh(_mm256_loadu_ps(tc))));
+                _mm256_storeu_ps(tcs, cn);
+                _mm256_storeu_ps(th, _mm256_mul_ps(npr_sigmoid(_mm256_loadu_ps(to)), npr_tanh(cn)));
+                memcpy(cb + k, tcs, 4 * n);
+                memcpy(hb + k, th, 4 * n);
+            }
+            memcpy(y + t * ys + (long)b * H, hb, sizeof(float) * H);
+        }
+    }
+    free(g);
+    return 0;
+}
