@@ -87,6 +87,32 @@ def test_beats_bicubic_on_held_out_photos(graph):
     assert min(gains) > 0.2, gains
 
 
+@pytest.mark.parametrize("size", [(53, 37), (1280, 720)])
+def test_merge_ycbcr_compiled_matches_numpy_and_jfif(size, rng, monkeypatch):
+    """The merge of float luma and 8-bit chroma: the compiled pass (csrc/color.c) equals the
+    NumPy fallback bit for bit (ragged ends, NaN and out-of-range luma included), and both are
+    the JFIF matrix rounded once (an independent float64 computation, within one level where
+    float32 lands on the other side of a half)."""
+    from npurun.backends.cpu import native
+    w, h = size
+    lr = Image.fromarray((rng.random((h // 3, w // 3, 3)) * 255).astype(np.uint8))
+    _, cb, cr = lr.convert("YCbCr").split()
+    y = (rng.random((h // 3 * 3, w // 3 * 3), dtype=np.float32) * 1.2 - 0.1)
+    y[0, :5] = np.nan
+    out_size = (y.shape[1], y.shape[0])
+    got = np.asarray(espcn.merge_ycbcr(y, cb, cr, out_size))
+    monkeypatch.setattr(native, "LIB", None)
+    fallback = np.asarray(espcn.merge_ycbcr(y, cb, cr, out_size))
+    assert got.shape == (y.shape[0], y.shape[1], 3)
+    np.testing.assert_array_equal(got, fallback)
+    u = np.asarray(cb.resize(out_size, Image.BICUBIC), np.float64) - 128
+    v = np.asarray(cr.resize(out_size, Image.BICUBIC), np.float64) - 128
+    yy = np.clip(np.nan_to_num(y.astype(np.float64)), 0, 1) * 255
+    want = np.stack([yy + 1.402 * v, yy - 0.344136 * u - 0.714136 * v, yy + 1.772 * u], -1)
+    want = np.clip(np.rint(want), 0, 255)
+    assert np.abs(got - want).max() <= 1
+
+
 def _mosaic_4k() -> Image.Image:
     """A 3840x2160 photo made of the held-out photos at their native resolution (tiled on a
     grey canvas; flat grey is reproduced exactly by both methods, so it does not move the

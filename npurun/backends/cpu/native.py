@@ -77,6 +77,9 @@ def _load():
             f.restype = I
     lib.npr_dwconv2d.argtypes = [P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I]
     lib.npr_dwconv2d.restype = I
+    if hasattr(lib, "npr_ycc_to_rgb"):  # csrc/color.c (zoo/espcn.py's merge)
+        lib.npr_ycc_to_rgb.argtypes = [P, P, P, P, P, P, L]
+        lib.npr_ycc_to_rgb.restype = None
     lib.npr_activation.argtypes = [P, P, L, I, F, F]
     lib.npr_activation.restype = None
     return lib, ""
