@@ -1,8 +1,8 @@
-/* Multi-threaded entry points of transformer.c's packed sgemm (npr_gemm_* / npr_gemm_q8_*):
- * the panels of B (columns of C) are split into `chunks` runs and run on the library's one
- * spinning pool (par.h). Why not the Program's Python pool: a MiniLM product takes 0.1-0.4 ms
- * and a hand-off to a Python thread costs tens of microseconds on a 2-vCPU VM, so two
- * threads ran no faster than one (docs/cpu.md, "Transformer encoders"). */
+/* Multi-threaded entry points of transformer.c, on the library's one spinning pool (par.h):
+ * the packed sgemm (npr_gemm_* / npr_gemm_q8_*), whose panels of B (columns of C) are split into
+ * `chunks` runs, and (below) its elementwise and row kernels. Why not the Program's Python
+ * pool: a MiniLM product takes 0.1-0.4 ms and a hand-off to a Python thread costs tens of
+ * microseconds on a 2-vCPU VM, so two threads ran no faster than one (docs/cpu.md, "Transformer encoders"). */
 #define _POSIX_C_SOURCE 200809L
 #include "par.h"
 
@@ -49,4 +49,63 @@ void npr_gemm_q8_mt(int isa512, const float *A, const signed char *Bq, const flo
 {
     gemm_job j = {isa512, 1, A, NULL, scale, bias, R, Bq, C, ws, M, K, N, panels, ws_stride, chunks};
     par_run(gemm_chunk, &j, chunks, threads);
+}
+
+/* ---- The elementwise and row kernels of transformer.c (erf, GELU, LayerNorm, masked softmax)
+ * on the same pool: `chunks` equal ranges of elements or rows. MiniLM's GELU over (128, 1536)
+ * took 0.2 ms on one thread and no less on two through the Program's Python pool. */
+void npr_erf(const float *, float *, long);
+void npr_gelu(const float *, float *, long, float, float, float, int);
+void npr_layernorm(const float *, const float *, const float *, float *, float *, float *, long, long, long, float);
+void npr_softmax(const float *, const float *, float *, long, long, long, long, long, int, float);
+
+enum { TR_ERF, TR_GELU, TR_LAYERNORM, TR_SOFTMAX };
+
+typedef struct {
+    int kind, mode, fix, chunks;
+    const float *x, *p, *q;  /* p, q: scale and bias (LayerNorm), mask (softmax) */
+    float *y, *mean, *inv;
+    long total, n, div, mrows;  /* total: elements (erf, GELU) or rows */
+    float d, a, m, eps;
+} tr_job;
+
+static void tr_chunk(void *ctx, int i)
+{
+    tr_job *j = ctx;
+    long lo = j->total * i / j->chunks, hi = j->total * (i + 1) / j->chunks;
+    if (hi <= lo) return;
+    switch (j->kind) {
+    case TR_ERF: npr_erf(j->x + lo, j->y + lo, hi - lo); break;
+    case TR_GELU: npr_gelu(j->x + lo, j->y + lo, hi - lo, j->d, j->a, j->m, j->mode); break;
+    case TR_LAYERNORM: npr_layernorm(j->x, j->p, j->q, j->y, j->mean, j->inv, lo, hi, j->n, j->eps); break;
+    default: npr_softmax(j->x, j->p, j->y, lo, hi, j->n, j->div, j->mrows, j->fix, j->d); break;
+    }
+}
+
+void npr_erf_mt(const float *x, float *y, long n, int threads, int chunks)
+{
+    tr_job j = {.kind = TR_ERF, .chunks = chunks, .x = x, .y = y, .total = n};
+    par_run(tr_chunk, &j, chunks, threads);
+}
+
+void npr_gelu_mt(const float *x, float *y, long n, float d, float a, float m, int mode, int threads, int chunks)
+{
+    tr_job j = {.kind = TR_GELU, .mode = mode, .chunks = chunks, .x = x, .y = y, .total = n, .d = d, .a = a, .m = m};
+    par_run(tr_chunk, &j, chunks, threads);
+}
+
+void npr_layernorm_mt(const float *x, const float *scale, const float *bias, float *y, float *mean, float *inv,
+                      long rows, long n, float eps, int threads, int chunks)
+{
+    tr_job j = {.kind = TR_LAYERNORM, .chunks = chunks, .x = x, .p = scale, .q = bias, .y = y, .mean = mean,
+                .inv = inv, .total = rows, .n = n, .eps = eps};
+    par_run(tr_chunk, &j, chunks, threads);
+}
+
+void npr_softmax_mt(const float *x, const float *mask, float *y, long rows, long n, long div, long mrows,
+                    int fix, float nan_to, int threads, int chunks)
+{
+    tr_job j = {.kind = TR_SOFTMAX, .fix = fix, .chunks = chunks, .x = x, .p = mask, .y = y, .total = rows,
+                .n = n, .div = div, .mrows = mrows, .d = nan_to};
+    par_run(tr_chunk, &j, chunks, threads);
 }

@@ -4,8 +4,8 @@ in the same pass), compiled in csrc/transformer.c (AVX2 + FMA, float32).
 
 Each kernel takes the reference kernel's arguments and returns its result; anything it does
 not handle (another dtype, softmax over an inner axis, a scale that is not one value per
-normalized element) runs the reference kernel. Rows are split over the program's threads
-when the tensor holds at least BIG elements (a thread hand-off costs ~20-50 us).
+normalized element) runs the reference kernel. Rows (elements) are split over the program's
+threads on the library's spinning C pool when the tensor holds at least BIG elements.
 `fuse_transformer.py` rewrites the exported GELU chains and the masked softmax into calls of
 `gelu` / `masked_softmax` below.
 
@@ -21,9 +21,8 @@ import numpy as np
 
 from ...reference.kernels import KERNELS as REF
 from .. import native
-from ..nativeconv import _run
 
-BIG = 1 << 16  # elements; below this one thread does the whole tensor
+BIG = 1 << 14  # elements; below this one thread does the whole tensor (a hand-off costs ~1-5 us)
 
 _P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
 
@@ -31,7 +30,7 @@ _P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
 def _bind():
     """The library's transformer entry points, or None where it lacks them (an older build)."""
     lib = native.LIB
-    if lib is None or not hasattr(lib, "npr_gemm_q8_avx2"):
+    if lib is None or not hasattr(lib, "npr_softmax_mt"):
         return None
     lib.npr_erf.argtypes = [_P, _P, _L]
     lib.npr_erf.restype = None
@@ -41,6 +40,14 @@ def _bind():
     lib.npr_layernorm.restype = None
     lib.npr_softmax.argtypes = [_P, _P, _P, _L, _L, _L, _L, _L, _I, _F]
     lib.npr_softmax.restype = None
+    lib.npr_erf_mt.argtypes = [_P, _P, _L, _I, _I]  # csrc/gemm_mt.c: the same on the spinning pool
+    lib.npr_erf_mt.restype = None
+    lib.npr_gelu_mt.argtypes = [_P, _P, _L, _F, _F, _F, _I, _I, _I]
+    lib.npr_gelu_mt.restype = None
+    lib.npr_layernorm_mt.argtypes = [_P, _P, _P, _P, _P, _P, _L, _L, _F, _I, _I]
+    lib.npr_layernorm_mt.restype = None
+    lib.npr_softmax_mt.argtypes = [_P, _P, _P, _L, _L, _L, _L, _I, _F, _I, _I]
+    lib.npr_softmax_mt.restype = None
     for isa in ("avx2", "avx512"):  # ops/matmul.py's pre-packed sgemm
         getattr(lib, f"npr_gemm_pack_{isa}").argtypes = [_P, _P, _L, _L]
         getattr(lib, f"npr_gemm_pack_{isa}").restype = None
@@ -63,37 +70,31 @@ def _parts(program, size, rows):
     return min(program.threads, rows) if size >= BIG and program.pool is not None else 1
 
 
-def _elementwise(program, x, call):
-    """y = f(x) over a flat float32 array, in `threads` contiguous parts."""
+def _elementwise(program, x, fn, *args):
+    """y = fn(x) over a flat float32 array: fn(px, py, n, *args), or its `_mt` twin
+    (csrc/gemm_mt.c) in `threads` contiguous parts on the library's spinning pool."""
     x = np.ascontiguousarray(x)
     y = np.empty_like(x)
-    fx, fy = x.reshape(-1), y.reshape(-1)
     parts = _parts(program, x.size, x.size)
-    edges = [x.size * j // parts for j in range(parts + 1)]
-    _run(lambda j: call(_ptr(fx[edges[j]:]), _ptr(fy[edges[j]:]), edges[j + 1] - edges[j]),
-         range(parts), program.pool, parts)
+    if parts > 1:
+        getattr(LIB, fn + "_mt")(_ptr(x), _ptr(y), x.size, *args, program.threads, parts)
+    else:
+        getattr(LIB, fn)(_ptr(x), _ptr(y), x.size, *args)
     return y
-
-
-def _rows(program, rows, size, call):
-    """call(r0, r1) over `rows` rows in `threads` bands."""
-    parts = _parts(program, size, rows)
-    edges = [rows * j // parts for j in range(parts + 1)]
-    _run(lambda j: call(edges[j], edges[j + 1]), range(parts), program.pool, parts)
 
 
 def make_erf(program):
     def erf(x):
         if x.dtype != np.float32 or x.size == 0:
             return REF["erf"](x)
-        return _elementwise(program, x, LIB.npr_erf)
+        return _elementwise(program, x, "npr_erf")
     return erf
 
 
 def gelu_call(program, x, d, a, m, mode):
     """y = x * (m * (erf(x / d) + a)) (mode 0) or erf(x * d) (mode 1), as the exported chain
     computes it, one rounding per operation, in the same order."""
-    return _elementwise(program, x, lambda px, py, n: LIB.npr_gelu(px, py, n, d, a, m, mode))
+    return _elementwise(program, x, "npr_gelu", d, a, m, mode)
 
 
 def make_gelu(program):
@@ -134,8 +135,12 @@ def make_layer_normalization(program):
         y = np.empty_like(x)
         stats = x.shape[:ax] + (1,) * len(inner)
         mean, inv = np.empty(stats, np.float32), np.empty(stats, np.float32)
-        _rows(program, rows, x.size, lambda r0, r1: LIB.npr_layernorm(
-            _ptr(x), _ptr(s), _ptr(b), _ptr(y), _ptr(mean), _ptr(inv), r0, r1, n, epsilon))
+        parts = _parts(program, x.size, rows)
+        if parts > 1:
+            LIB.npr_layernorm_mt(_ptr(x), _ptr(s), _ptr(b), _ptr(y), _ptr(mean), _ptr(inv), rows, n, epsilon,
+                                 program.threads, parts)
+        else:
+            LIB.npr_layernorm(_ptr(x), _ptr(s), _ptr(b), _ptr(y), _ptr(mean), _ptr(inv), 0, rows, n, epsilon)
         return y, mean, inv
     return layer_normalization
 
@@ -174,8 +179,12 @@ def softmax_call(program, x, mask=None, nan_to=None):
     n = x.shape[-1]
     y = np.empty_like(x)
     fix, val = (0, 0.0) if nan_to is None else (1, float(nan_to))
-    _rows(program, x.size // n, x.size, lambda r0, r1: LIB.npr_softmax(
-        _ptr(x), _ptr(mask), _ptr(y), r0, r1, n, div, mrows, fix, val))
+    rows = x.size // n
+    parts = _parts(program, x.size, rows)
+    if parts > 1:
+        LIB.npr_softmax_mt(_ptr(x), _ptr(mask), _ptr(y), rows, n, div, mrows, fix, val, program.threads, parts)
+    else:
+        LIB.npr_softmax(_ptr(x), _ptr(mask), _ptr(y), 0, rows, n, div, mrows, fix, val)
     return y
 
 
