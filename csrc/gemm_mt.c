@@ -109,3 +109,40 @@ void npr_softmax_mt(const float *x, const float *mask, float *y, long rows, long
                 .n = n, .div = div, .mrows = mrows, .d = nan_to};
     par_run(tr_chunk, &j, chunks, threads);
 }
+
+/* ---- Batched C[t] = A[t] @ B[t] (attention's Q @ K^T and P @ V: (12, 128, 32) @ (12, 32, 128)
+ * and back in MiniLM), B changing every run: each item's B is packed into the chunk's own
+ * panel buffer, then the packed sgemm runs it; items are claimed one at a time from the pool. */
+#include <stdlib.h>
+void npr_gemm_pack_avx2(const float *, float *, long, long);
+void npr_gemm_pack_avx512(const float *, float *, long, long);
+int npr_gemm_nr_avx2(void);
+int npr_gemm_nr_avx512(void);
+
+typedef struct {
+    int isa512;
+    const float *a, *b;
+    float *c;
+    long batch, M, K, N;
+    atomic_int rc;
+} bmm_job;
+
+static void bmm_chunk(void *ctx, int t)
+{
+    bmm_job *j = ctx;
+    long nr = j->isa512 ? npr_gemm_nr_avx512() : npr_gemm_nr_avx2(), panels = (j->N + nr - 1) / nr;
+    float *bp = aligned_alloc(64, (size_t)((panels * j->K * nr * sizeof(float) + 63) & ~63UL));
+    if (!bp) { atomic_store(&j->rc, -1); return; }
+    const float *b = j->b + t * j->K * j->N;
+    (j->isa512 ? npr_gemm_pack_avx512 : npr_gemm_pack_avx2)(b, bp, j->K, j->N);
+    (j->isa512 ? npr_gemm_avx512 : npr_gemm_avx2)(j->a + t * j->M * j->K, bp, j->c + t * j->M * j->N, NULL, NULL,
+                                                  j->M, j->K, j->N, 0, panels);
+    free(bp);
+}
+
+int npr_bmm_mt(int isa512, const float *A, const float *B, float *C, long batch, long M, long K, long N, int threads)
+{
+    bmm_job j = {isa512, A, B, C, batch, M, K, N, 0};
+    par_run(bmm_chunk, &j, (int)batch, threads);
+    return atomic_load(&j.rc);
+}

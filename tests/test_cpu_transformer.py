@@ -230,6 +230,8 @@ def test_packed_sgemm_declines_adds_it_would_reorder(rng):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("shapes", [((1, 128, 384), (384, 384)), ((1, 12, 128, 32), (1, 12, 32, 128)),
+                                    ((1, 12, 128, 128), (1, 12, 128, 32)),  # attention's P @ V
+                                    ((3, 70, 33), (3, 33, 150)),  # N off the packed panel, K odd
                                     ((5, 3), (3, 4)), ((2, 1, 4, 3), (1, 2, 3, 5))])
 def test_banded_blas_matmul(rng, shapes, threads):
     a, b = nonzero_normal(rng, shapes[0]), nonzero_normal(rng, shapes[1])

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...reference.kernels import KERNELS as REF
+from .. import native
 from ..nativeconv import _run
 
 MIN_FLOP = 2_000_000  # a smaller product runs on the calling thread (hand-off ~20-50 us)
@@ -119,7 +120,16 @@ def matmul_add(program, a, b, adds=()):
                 return
             np.add(yb, c[u0 * per:u1 * per] if full else c, out=yb)
 
-    if parts == 1:
+    bmm = _bmm() if parts > 1 and b2.ndim == 3 else None
+    if bmm is not None:  # the heads on the library's spinning pool, each packed then multiplied
+        if bmm(native.ISA == "avx512", a2.ctypes.data, b2.ctypes.data, y.ctypes.data, units, per, K, N,
+               program.threads):
+            raise MemoryError("the batched matmul could not allocate its panel buffer")
+        for c, full in flat:
+            if full is None:
+                break
+            np.add(y2, c, out=y2)
+    elif parts == 1:
         band(0)
     else:
         _single_blas(lambda: _run(band, range(parts), program.pool, parts))
@@ -197,6 +207,20 @@ def _prepare(cache, b, isa, lib):
 
 
 _MT: list = []
+_BMM: list = []
+
+
+def _bmm():
+    """csrc/gemm_mt.c's npr_bmm_mt with its ctypes signature, or None (an older build)."""
+    if not _BMM:
+        import ctypes
+        lib = _lib()
+        f = None if lib is None else getattr(lib, "npr_bmm_mt", None)
+        if f is not None:
+            P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+            f.argtypes, f.restype = [I, P, P, P, L, L, L, L, I], I
+        _BMM.append(f)
+    return _BMM[0]
 
 
 def _mt(lib):
