@@ -188,3 +188,19 @@ int npr_dwconv2d_mt(const float *x, int C, int H, int W, const float *w, const f
     par_run(dw_chunk, &j, chunks, threads);
     return atomic_load(&j.rc);
 }
+
+typedef struct { const float *x; float *y; long n; int act; float alpha, beta; int chunks; } act_job;
+
+static void act_chunk(void *ctx, int i)
+{
+    act_job *j = ctx;
+    long a = j->n * i / j->chunks, b = j->n * (i + 1) / j->chunks;
+    if (b > a) npr_activation(j->x + a, j->y + a, b - a, j->act, j->alpha, j->beta);
+}
+
+/* The standalone activation in `chunks` contiguous parts. */
+void npr_activation_mt(const float *x, float *y, long n, int act, float alpha, float beta, int threads, int chunks)
+{
+    act_job j = {x, y, n, act, alpha, beta, chunks};
+    par_run(act_chunk, &j, chunks, threads);
+}

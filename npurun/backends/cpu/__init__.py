@@ -24,7 +24,7 @@ from .ops import FACTORIES
 from .ops.conv1d import CHEAP_IN_C
 
 ACTIVATIONS = native.ACTIVATIONS
-BIG = 1 << 16  # elements; a smaller activation is not worth a second thread
+BIG = 1 << 14  # elements; a smaller activation is not worth a second thread (C pool: ~1-5 us a hand-off)
 SMALL = 4096  # elements; a smaller activation runs its NumPy reference kernel
 
 
@@ -75,14 +75,11 @@ class CpuProgram(Program):
             code, alpha, beta = native.act_params(name, attrs)
             x = np.ascontiguousarray(x)
             y = np.empty_like(x)
-            flat_x, flat_y = x.reshape(-1), y.reshape(-1)
-            parts = self.threads if x.size >= BIG and self.pool is not None else 1
-            edges = [x.size * j // parts for j in range(parts + 1)]
-
-            def part(j):
-                a, b = edges[j], edges[j + 1]
-                native.LIB.npr_activation(native.ptr(flat_x[a:]), native.ptr(flat_y[a:]), b - a, code, alpha, beta)
-            nativeconv._run(part, range(parts), self.pool, parts)
+            if x.size >= BIG and self.threads > 1:  # parts on the library's spinning pool
+                native.LIB.npr_activation_mt(native.ptr(x), native.ptr(y), x.size, code, alpha, beta,
+                                             self.threads, self.threads)
+            else:
+                native.LIB.npr_activation(native.ptr(x), native.ptr(y), x.size, code, alpha, beta)
             return y
         return run
 

@@ -80,6 +80,8 @@ def _load():
     if hasattr(lib, "npr_ycc_to_rgb"):  # csrc/color.c (zoo/espcn.py's merge)
         lib.npr_ycc_to_rgb.argtypes = [P, P, P, P, P, P, L]
         lib.npr_ycc_to_rgb.restype = None
+    lib.npr_activation_mt.argtypes = [P, P, L, I, F, F, I, I]
+    lib.npr_activation_mt.restype = None
     lib.npr_activation.argtypes = [P, P, L, I, F, F]
     lib.npr_activation.restype = None
     return lib, ""

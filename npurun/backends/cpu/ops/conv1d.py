@@ -74,7 +74,6 @@ def _im2col(x, wt, b, p0, p1, s, d, lo, k):
     The product runs with the few output positions as rows: OpenBLAS takes (4, 387) @ (387, 128)
     in ~4 us where (128, 387) @ (387, 4) takes ~10 (silero's first encoder conv)."""
     n, c, length = x.shape
-    m = wt.shape[1]
     if p0 or p1:
         xp = np.zeros((n, c, length + p0 + p1), np.float32)
         xp[:, :, p0:p0 + length] = x
