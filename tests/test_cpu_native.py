@@ -181,12 +181,14 @@ def test_silu_and_clip_fuse_into_conv_and_match_reference(rng):
         np.testing.assert_allclose(prog.run({"x": x})["out"], want, rtol=1e-4, atol=2e-5)
 
 
-def test_unfused_activations_run_the_compiled_kernel(rng):
-    g = parse("""
-    op tanh @t (x: [3, 2000] f32 -> y: [3, 2000] f32)
-    op sigmoid @s (y: [3, 2000] f32 -> z: [3, 2000] f32)
-    """)  # 6000 elements: above cpu.SMALL, so the compiled kernel runs (smaller ones take NumPy)
+@pytest.mark.parametrize("rows,threads", [(3, 1), (9, 2), (9, 1)])
+def test_unfused_activations_run_the_compiled_kernel(rows, threads, rng):
+    g = parse(f"""
+    op tanh @t (x: [{rows}, 2001] f32 -> y: [{rows}, 2001] f32)
+    op sigmoid @s (y: [{rows}, 2001] f32 -> z: [{rows}, 2001] f32)
+    """)  # 6003 elements: above cpu.SMALL, so the compiled kernel runs (smaller ones take NumPy);
+    # 18009: above cpu.BIG, so two threads split it (npr_activation_mt), at an odd boundary
     g.inputs = ["x"]
-    x = nonzero_normal(rng, (3, 2000))
-    got = npurun.Executor("cpu", parallelism=1).run_sync(g, {"x": x})["z"]
+    x = nonzero_normal(rng, (rows, 2001)) * 4
+    got = npurun.Executor("cpu", parallelism=threads).run_sync(g, {"x": x})["z"]
     np.testing.assert_allclose(got, KERNELS["sigmoid"](KERNELS["tanh"](x)), rtol=1e-5, atol=1e-6)
