@@ -14,12 +14,11 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 from .. import register
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
-from . import conv, fuse, fuse_transformer, native, nativeconv
+from . import blas, conv, fuse, fuse_transformer, native, nativeconv
 from .ops import FACTORIES
 from .ops.conv1d import CHEAP_IN_C
 
@@ -84,19 +83,8 @@ class CpuProgram(Program):
         return run
 
     def run(self, feeds, progress=None):
-        # BLAS threads are process-wide; limit them for the duration of this run only. The
-        # controller is made once: building it scans the loaded libraries (~100 us a run).
-        with _blas().limit(limits=self.threads, user_api="blas"):
-            return super().run(feeds, progress)
-
-
-_BLAS: list = []
-
-
-def _blas() -> ThreadpoolController:
-    if not _BLAS:
-        _BLAS.append(ThreadpoolController())
-    return _BLAS[0]
+        # BLAS threads are process-wide: held to ours for the duration of this run only.
+        return blas.with_threads(self.threads, lambda: super(CpuProgram, self).run(feeds, progress))
 
 
 def _optimize(prog: Program) -> dict:

@@ -32,35 +32,15 @@ from __future__ import annotations
 import numpy as np
 
 from ...reference.kernels import KERNELS as REF
-from .. import native
+from .. import blas, native
 from ..nativeconv import _run
 
 MIN_FLOP = 2_000_000  # a smaller product runs on the calling thread (hand-off ~20-50 us)
-_blas = None
-
-
-def _blas_controllers():
-    global _blas
-    if _blas is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-            _blas = ThreadpoolController().select(user_api="blas").lib_controllers
-        except Exception:  # noqa: BLE001 - no controllable BLAS: nothing to hold back
-            _blas = []
-    return _blas
 
 
 def _single_blas(fn):
-    """fn() with every BLAS at one thread, their counts restored after."""
-    libs = _blas_controllers()
-    saved = [lib.get_num_threads() for lib in libs]
-    for lib in libs:
-        lib.set_num_threads(1)
-    try:
-        return fn()
-    finally:
-        for lib, n in zip(libs, saved):
-            lib.set_num_threads(n)
+    """fn() with every BLAS at one thread (the product is already split over ours)."""
+    return blas.with_threads(1, fn)
 
 
 def _parts(program, flop, units):
@@ -258,7 +238,6 @@ def linear(program, a, b, cache: dict, adds=()):
             res = np.ascontiguousarray(c)
         else:
             return None
-    from .. import native
     isa = native.ISA
     if cache.get("b") is not b or cache.get("isa") != isa:
         _prepare(cache, b, isa, lib)
