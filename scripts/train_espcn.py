@@ -17,6 +17,9 @@ Training options beyond the defaults (all off by default; docs/espcn.md has the 
   --border R   exact windows: loss only where the patch-edge padding cannot reach, photo
                edges masked as the exported model sees them (R = 4, the receptive field).
   --clip N     gradient-norm clipping; --warmup S linear LR warm-up.
+  --contrast A random contrast a in [1/A, A] (log-uniform) around each patch's mean, the same
+               on the LR and HR patch (bicubic is linear, so the pair stays consistent).
+  --scene-weight W  draw the camera photographs of scenes (SCENES) W times as often.
   --val-every  gain on the whole training photos, to choose settings without the held-out set.
 
 Example:  python scripts/train_espcn.py --steps 30000 --seed 0
