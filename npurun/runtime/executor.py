@@ -44,6 +44,17 @@ PLAN_CACHE = 32  # plans kept per Executor (one per graph and input shapes)
 CPU_CASCADE_MB = 16
 
 
+def _task_name(program: Program) -> str:
+    """The model file's stem, else the graph's name (computed once per program: a stream of
+    small runs pays for `Path` on every run otherwise)."""
+    name = getattr(program, "_task_name", None)
+    if name is None:
+        src = program.graph.source
+        name = Path(src).stem if src and not src.startswith("<") else program.graph.name
+        program._task_name = name
+    return name
+
+
 class Executor:
     def __init__(self, device: str = "cpu", parallelism: int | None = None, workspace_mb: int | None = None,
                  *, config=None, cascade: bool | None = None):
@@ -166,11 +177,11 @@ class Executor:
         feeds = self._feeds(program, inputs)
         if priority is None:
             priority = self.dev.config.get("scheduler", "default_priority")
-        src = program.graph.source
         fut = self.scheduler.submit(program, feeds, priority=priority, timeout=timeout, progress=progress,
-                                    name=name or (Path(src).stem if src and not src.startswith("<") else program.graph.name),
-                                    step_macs=self.step_macs(program, feeds), profile=profile, owner=self,
-                                    group=group, inline=inline)
+                                    name=name or _task_name(program), step_macs=self.step_macs(program, feeds),
+                                    profile=profile, owner=self, group=group, inline=inline)
+        if fut.done():  # ran inline: nothing in flight for close() to wait for
+            return fut
         with self._lock:
             self._inflight.add(fut)
         fut.add_done_callback(self._done)
