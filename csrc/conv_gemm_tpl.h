@@ -94,6 +94,38 @@ static void CAT(KERNEL, _all)(const float *wp, const float *b, const long *off, 
  * out. Copying the planes costs ~C*H*W floats, against K*Ho*Wo for an im2col. */
 typedef struct { const float *xp; const long *off; long Wp, total; int r0; } CAT(CONVG, _sh);
 
+/* The two column phases (px = 0, 1) of rows [0, rows) of channel c's planes for row phase py,
+ * stride 2 along the columns: d0[i*Wp + j] = x[c, (r0+i)*sh + py - pt, 2j - pl], d1 the same
+ * at 2j + 1 - pl, zero outside the input. The columns whose two reads are both inside go
+ * through deinterleave2 (YOLOv8n's stride-2 convs spent ~20% of their time in the scalar
+ * strided copy); the few at the edges one by one. */
+static void CAT(CONVG, _phase2)(const float *x, int c, int H, int W, int r0, long rows, int sh, int py,
+                                int pt, int pl, long Wp, float *d0, float *d1)
+{
+    long jlo = (pl + 1) / 2, jhi = (W - 2 + pl) / 2 + 1;  /* 2j - pl >= 0 and 2j + 1 - pl < W */
+    if (jhi > Wp) jhi = Wp;
+    if (jlo > jhi) jlo = jhi;
+    for (long i = 0; i < rows; i++, d0 += Wp, d1 += Wp) {
+        long iy = (r0 + i) * sh + py - pt;
+        if (iy < 0 || iy >= H) {
+            memset(d0, 0, sizeof(float) * Wp);
+            memset(d1, 0, sizeof(float) * Wp);
+            continue;
+        }
+        const float *src = x + (c * (long)H + iy) * W;
+        for (long j = 0; j < Wp; j++) {
+            if (j == jlo) {
+                deinterleave2(src + 2 * jlo - pl, d0 + jlo, d1 + jlo, jhi - jlo);
+                j = jhi - 1;
+                continue;
+            }
+            long a = 2 * j - pl, b = a + 1;
+            d0[j] = a >= 0 && a < W ? src[a] : 0.0f;
+            d1[j] = b >= 0 && b < W ? src[b] : 0.0f;
+        }
+    }
+}
+
 /* The phase planes and the tap offsets, in the calling thread's scratch slot 0. */
 static int CAT(CONVG, _prep)(const float *x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh,
                              int dw, int pt, int pl, int Wo, int r0, int r1, CAT(CONVG, _sh) *s)
@@ -107,7 +139,12 @@ static int CAT(CONVG, _prep)(const float *x, int C, int H, int W, int kh, int kw
     float *d = xp;
     for (int c = 0; c < C; c++)
         for (int py = 0; py < sh; py++)
-            for (int px = 0; px < sw; px++)
+            for (int px = 0; px < sw; px++) {
+                if (sw == 2 && px == 0) {  /* both column phases of each row in one pass */
+                    CAT(CONVG, _phase2)(x, c, H, W, r0, rows, sh, py, pt, pl, Wp, d, d + cp);
+                    d += 2 * cp;
+                    break;
+                }
                 for (long i = 0; i < rows; i++, d += Wp) {
                     /* d[j] = x[c, (r0 + i)*sh + py - pt, j*sw + px - pl], 0 outside */
                     long iy = (r0 + i) * sh + py - pt;
@@ -123,6 +160,7 @@ static int CAT(CONVG, _prep)(const float *x, int C, int H, int W, int kh, int kw
                     else for (long j = lo; j < hi; j++) d[j] = src[j * sw];
                     for (long j = hi; j < Wp; j++) d[j] = 0.0f;
                 }
+            }
     memset(d, 0, sizeof(float) * (nx - (size_t)(d - xp)));  /* the slack the last tile reads */
     long *o = off;
     for (int c = 0; c < C; c++)

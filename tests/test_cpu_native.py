@@ -96,6 +96,8 @@ FLAT_CONVS = [c for c in CONVS if c[2].get("group", 1) == 1] + [  # + YOLOv8n-li
     ((2, 3, 21, 19), (8, 3, 3, 3), {"strides": [3, 2], "pads": [2, 1, 0, 1]}),    # stride 3, batch 2
     ((1, 16, 100, 101), (9, 16, 3, 3), {"pads": [1, 1, 1, 1]}),                   # planes > 512 KB: row sub-bands
     ((1, 8, 131, 130), (6, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # the same, stride 2
+    ((1, 6, 15, 17), (8, 6, 3, 3), {"strides": [2, 2]}),                          # stride 2 unpadded, odd W
+    ((1, 4, 19, 38), (8, 4, 5, 5), {"strides": [2, 2], "pads": [2, 2, 2, 2]}),    # stride 2, pad 2, 5x5
 ]
 
 
