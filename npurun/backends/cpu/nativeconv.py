@@ -358,7 +358,7 @@ def _run(fn, jobs, pool, threads):
 
 
 def _declare():
-    """ctypes signatures of conv_gemm.c's entry points (absent from an older build)."""
+    """ctypes signatures of the conv entry points beyond native.py's (absent from an older build)."""
     import ctypes
     P, I, F, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
     for isa in ("avx2", "avx512"):
@@ -382,9 +382,7 @@ def _declare():
             f = getattr(LIB, f"npr_smallc_{isa}_mt")
             f.argtypes = [P, I, I, I, P, P, I] + [I] * 4 + [I, F, F, P, I, I, I, I, I, I, I]
             f.restype = I
-
-
-    f = getattr(LIB, "npr_dwconv2d_mt", None)
+    f = getattr(LIB, "npr_dwconv2d_mt", None)  # conv.c
     if f is not None:
         f.argtypes = [P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I]
         f.restype = I
