@@ -36,7 +36,7 @@ from ..errors import InputError, NpurunError
 from ..frontend import load
 from ..ir.graph import Graph
 from .device import Device
-from .scheduler import DEFAULT_PRIORITY, TaskFuture
+from .scheduler import TaskFuture
 
 
 PLAN_CACHE = 32  # plans kept per Executor (one per graph and input shapes)
