@@ -37,7 +37,6 @@ def verify_plan(plan) -> None:
                 raise PlanError(f"{where}: value {s.name!r} at {space}[{s.offset}:{s.offset + s.bytes}] "
                                 f"lies outside the {cap}-byte arena")
         slots = sorted(slots, key=lambda s: (s.start, s.offset))
-        st = np.array([s.start for s in slots], np.int64)
         en = np.array([s.end for s in slots], np.int64)
         lo = np.array([s.offset for s in slots], np.int64)
         hi = lo + np.array([s.bytes for s in slots], np.int64)
