@@ -136,6 +136,24 @@ def test_conv1d_matches_reference(case, bias, rng):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+def test_conv1d_weights_shared_by_nodes_with_other_attributes(rng):
+    """Region convs keep their plans per weight array: the same weights run again with other
+    strides and pads (another node sharing them) must not reuse the first node's plan."""
+    from npurun.backends.cpu import CpuProgram
+    x = nonzero_normal(rng, (1, 6, 23))
+    w, b = nonzero_normal(rng, (5, 6, 3)) * 0.3, nonzero_normal(rng, (5,))
+    prog = _Prog()
+    prog._conv = CpuProgram._conv.__get__(prog)
+    run = conv1d.make(prog)
+    base = {"dilations": None, "group": 1, "kernel_shape": None, "auto_pad": "NOTSET"}
+    for a in ({"strides": [1], "pads": [1, 1]}, {"strides": [2], "pads": [0, 2]}, {"strides": [1], "pads": [1, 1]}):
+        attrs = {**base, **a}
+        want = KERNELS["conv"](x, w, b, **attrs)
+        got = run(x, w, b, **attrs)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
 # ------------------------------------------------------------------ pad
 
 PADS = [  # shape, pads, axes

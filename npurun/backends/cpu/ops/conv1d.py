@@ -47,25 +47,38 @@ def make(program):
             _cache = hit[2]
         if x.ndim != 3 or x.dtype != np.float32 or w.dtype != np.float32:
             return conv(x, w, b, _act=_act, _act_attrs=_act_attrs, _cache=_cache, **attrs)
-        ks = list(attrs.get("kernel_shape") or w.shape[2:])
-        (p0,), (p1,), (lo,), (s,), (d,) = _window_pads(x.shape, ks, attrs.get("strides"), attrs.get("dilations"),
-                                                      attrs.get("pads"), attrs.get("auto_pad", "NOTSET"))
-        n, c, length = x.shape
-        m, cg, k = w.shape
-        group = attrs.get("group", 1)
-        if group == 1 and n * m * lo * c * k <= SMALL_MACS and lo > 0:
+        # The window and the path, planned once per input shape (checked against the
+        # attributes: a weight shared by two nodes may come with others)
+        hit = _cache.get(("c1d", x.shape))
+        if hit is None or hit[0] != attrs:
+            hit = _cache[("c1d", x.shape)] = (dict(attrs), _plan(x.shape, w, attrs))
+        plan = hit[1]
+        if plan[0] == "im2col":
+            _, p0, p1, s, d, lo, k = plan
             wt = _cache.get("im2col")
             if wt is None:
-                wt = _cache["im2col"] = np.ascontiguousarray(w.reshape(m, c * k).T)
+                wt = _cache["im2col"] = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
             y = _im2col(x, wt, b, p0, p1, s, d, lo, k)
             # A fused activation (region convs are fused too) runs as its unfused step would:
             # the compiled kernel's ~20-45 us fixed cost is what the small path avoids.
             return y if _act is None else _reference_act(y, _act, _act_attrs)
-        a4 = {**attrs, "kernel_shape": [1, k], "strides": [1, s], "dilations": [1, d],
-              "pads": [0, p0, 0, p1], "auto_pad": "NOTSET"}
-        y = conv(x[:, :, None, :], w[:, :, None, :], b, _act=_act, _act_attrs=_act_attrs, _cache=_cache, **a4)
+        y = conv(x[:, :, None, :], w[:, :, None, :], b, _act=_act, _act_attrs=_act_attrs, _cache=_cache, **plan[1])
         return y[:, :, 0, :]
     return run
+
+
+def _plan(xshape, w, attrs):
+    """("im2col", p0, p1, s, d, Lout, K) for a small dense conv, else ("2d", the attributes of
+    the same conv on (N, C, 1, L) images)."""
+    ks = list(attrs.get("kernel_shape") or w.shape[2:])
+    (p0,), (p1,), (lo,), (s,), (d,) = _window_pads(xshape, ks, attrs.get("strides"), attrs.get("dilations"),
+                                                  attrs.get("pads"), attrs.get("auto_pad", "NOTSET"))
+    n, c, _ = xshape
+    m, _, k = w.shape
+    if attrs.get("group", 1) == 1 and n * m * lo * c * k <= SMALL_MACS and lo > 0:
+        return ("im2col", p0, p1, s, d, lo, k)
+    return ("2d", {**attrs, "kernel_shape": [1, k], "strides": [1, s], "dilations": [1, d],
+                   "pads": [0, p0, 0, p1], "auto_pad": "NOTSET"})
 
 
 def _im2col(x, wt, b, p0, p1, s, d, lo, k):
