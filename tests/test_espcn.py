@@ -80,10 +80,11 @@ def test_beats_bicubic_on_held_out_photos(graph):
         g = ours - bicubic
         print(f"{name}: ESPCN - bicubic = {g:+.2f} dB")
         gains.append(g)
-    # Issue A asks for >= 1.0 dB; the shipped model reaches 0.999 dB with the training script's
-    # luma-only protocol and 0.986 dB through this full RGB pipeline (README, docs/espcn.md).
-    # This asserts what we claim, so a worse model cannot slip in unnoticed.
-    assert np.mean(gains) >= 0.98, gains
+    # Issue A asks for >= 1.0 dB: the shipped model reaches 1.006 dB with the training script's
+    # luma-only protocol and 0.994 dB through this full RGB pipeline (its 8-bit chroma and one
+    # RGB rounding cost ~0.013 dB; README, docs/espcn.md). This asserts what we claim, so a
+    # worse model cannot slip in unnoticed.
+    assert np.mean(gains) >= 0.99, gains
     assert min(gains) > 0.4, gains
 
 
