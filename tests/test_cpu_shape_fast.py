@@ -72,11 +72,16 @@ def test_reduce_mean_matches_reference(rng, dtype, shape, axes, keepdims):
 @pytest.mark.parametrize("shape,axes", [((1, 128), A([1])), ((5,), A([0])), ((2, 3), A([-1, 0])),
                                         ((2, 3), A([3]))])
 def test_unsqueeze_matches_reference(rng, shape, axes):
-    x = nonzero_normal(rng, shape)
-    fast = FACTORIES["unsqueeze"](None)
-    for _ in range(2):  # the second call may come from the per-shape cache
+    _cached_kernel_matches_reference("unsqueeze", nonzero_normal(rng, shape), axes)
+
+
+def _cached_kernel_matches_reference(op, x, axes):
+    """The fast kernel gives the reference's result (or raises its error) twice: the second
+    call may come from the per-shape cache."""
+    fast = FACTORIES[op](None)
+    for _ in range(2):
         try:
-            want = REF["unsqueeze"](x, axes)
+            want = REF[op](x, axes)
         except Exception as e:  # noqa: BLE001
             with pytest.raises(type(e)):
                 fast(x, axes)
@@ -87,16 +92,7 @@ def test_unsqueeze_matches_reference(rng, shape, axes):
 @pytest.mark.parametrize("shape,axes", [((1, 128, 1), A([2])), ((1, 1, 1), A([1])), ((3, 1), A([-1])),
                                         ((3, 1), None), ((3, 2), A([1]))])
 def test_squeeze_matches_reference(rng, shape, axes):
-    x = nonzero_normal(rng, shape)
-    fast = FACTORIES["squeeze"](None)
-    for _ in range(2):
-        try:
-            want = REF["squeeze"](x, axes)
-        except Exception as e:  # noqa: BLE001
-            with pytest.raises(type(e)):
-                fast(x, axes)
-            break
-        _same(fast(x, axes), want)
+    _cached_kernel_matches_reference("squeeze", nonzero_normal(rng, shape), axes)
 
 
 @pytest.mark.parametrize("act", [None, "relu", "sigmoid"])
