@@ -165,3 +165,41 @@ def test_a_failing_kernel_in_a_region_names_its_node(rng):
     with pytest.raises(NpurunError, match=r"node 'rm' \(matmul\) failed on inputs .*ZeroDivisionError: inner"):
         prog.run(_feeds(rng, True))
     prog.run(_feeds(rng, False))  # the other branch still runs
+
+
+def test_a_cpu_run_holds_blas_at_its_threads_and_restores_them(rng):
+    from threadpoolctl import ThreadpoolController
+    blas_libs = ThreadpoolController().select(user_api="blas")
+    if not blas_libs.lib_controllers:
+        pytest.skip("NumPy has no BLAS threadpoolctl can see")
+    counts = lambda: {lc.get_num_threads() for lc in blas_libs.lib_controllers}  # noqa: E731
+    prog = npurun.Executor("cpu", parallelism=1).compile(_graph(rng))
+    seen = []
+
+    def spy(fn):
+        def run(*a, **k):
+            seen.append(counts())
+            return fn(*a, **k)
+        return run
+    prog.steps = [(n, spy(fn) if n.op == "matmul" else fn, attrs, dead) for n, fn, attrs, dead in prog.steps]
+    with blas_libs.limit(limits=2):
+        prog.run(_feeds(rng, False))
+        assert seen == [{1}] and counts() == {2}  # limited for the run, restored after
+        # Two runs at once on two threads, at different counts: each runs at its own, the one
+        # still running gets its count back, and the last to leave restores the original.
+        seen.clear()
+        inside, leave = threading.Event(), threading.Event()
+        prog.steps = [(n, spy(fn) if n.op == "matmul" else fn, attrs, dead) for n, fn, attrs, dead in prog.steps]
+        first = prog.steps[0]
+        prog.steps[0] = (first[0], lambda *a, **k: (inside.set(), leave.wait(10), first[1](*a, **k))[2]) + first[2:]
+        other = threading.Thread(target=prog.run, args=(_feeds(rng, False),))
+        other.start()
+        assert inside.wait(10)
+        prog.steps[0] = first
+        two = npurun.Executor("cpu", parallelism=2).compile(_graph(rng))
+        two.steps = [(n, spy(fn) if n.op == "matmul" else fn, attrs, dead) for n, fn, attrs, dead in two.steps]
+        two.run(_feeds(rng, False))
+        assert seen[-1] == {2} and counts() == {1}
+        leave.set()
+        other.join()
+        assert counts() == {2}  # restored when the last run left

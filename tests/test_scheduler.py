@@ -14,7 +14,7 @@ import npurun
 from npurun.backends.base import Program
 from npurun.errors import NpurunError
 from npurun.ir import parse
-from npurun.runtime.scheduler import Scheduler, TaskCancelled, TaskTimeout
+from npurun.runtime.scheduler import NOT_IDLE, Scheduler, TaskCancelled, TaskTimeout
 
 
 class FakeClock:
@@ -377,3 +377,62 @@ def test_fair_share_between_a_long_task_and_a_stream_of_short_ones():
     served_big = 3.0 * sum(1 for n, _ in log[:last_short + 1] if n == "big")
     served_short = 1.0 * sum(1 for n, _ in log[:last_short + 1] if n == "short")
     assert abs(served_big - served_short) <= 3.0 + 1.0, (served_big, served_short)
+
+
+def test_run_inline_runs_on_the_calling_thread_and_counts_like_a_task():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    threads = []
+    c = Chain("solo", 3, log, clock, hooks={1: lambda: threads.append(threading.get_ident())})
+    out = s.run_inline(c.program, X, priority=1, name="solo", step_macs=[5, 6, 7])
+    np.testing.assert_array_equal(out["v2"], np.full(256, 3, np.float32))
+    assert threads == [threading.get_ident()] and names(log) == ["solo"] * 3
+    st = s.stats()
+    assert (st["tasks"]["submitted"], st["tasks"]["ok"], st["slices"], st["steps_done"], st["macs_done"]) == (1, 1, 1, 3, 18)
+    assert st["running"] == st["waiting"] == 0 and st["lane_busy_s"] == [3.0]
+    (t,) = s.tasks()
+    assert (t["name"], t["outcome"], t["priority"], t["steps_done"], t["macs_done"], t["run_s"]) == ("solo", "ok", 1, 3, 18, 3.0)
+
+
+def test_run_inline_declines_a_busy_or_paused_device_and_changes_nothing():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    box = {}
+    inner = Chain("inner", 2, log, clock)
+    outer = Chain("outer", 3, log, clock, hooks={1: lambda: box.setdefault("r", s.run_inline(inner.program, X))})
+    s.submit(outer.program, X).result(timeout=10)
+    assert box["r"] is NOT_IDLE and names(log) == ["outer"] * 3
+    s.pause()
+    assert s.run_inline(inner.program, X) is NOT_IDLE
+    s.resume()
+    assert s.stats()["tasks"]["submitted"] == 1 and inner.calls == 0
+    assert s.run_inline(inner.program, X)["v1"][0] == 2  # idle again: runs
+
+
+def test_run_inline_is_preempted_by_a_better_task_and_resumes():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    hi = Chain("hi", 2, log, clock)
+    box = {}
+    lo = Chain("lo", 4, log, clock, hooks={1: lambda: box.setdefault("hi", s.submit(hi.program, X, priority=0))})
+    out = s.run_inline(lo.program, X, priority=3)
+    box["hi"].result(timeout=10)
+    assert log == [("lo", 0), ("lo", 1), ("hi", 0), ("hi", 1), ("lo", 2), ("lo", 3)]
+    assert out["v3"][0] == 4 and s.stats()["preemptions"] == 1
+    assert [t["preemptions"] for t in s.tasks()] == [1, 0]  # newest first: lo finished last
+
+
+def test_run_inline_raises_the_failure_and_timeouts_and_frees_the_device():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+
+    def boom():
+        raise ValueError("bad node")
+    with pytest.raises(NpurunError, match=r"node '@?bad1' .*ValueError: bad node"):
+        s.run_inline(Chain("bad", 3, log, clock, hooks={1: boom}).program, X)
+    with pytest.raises(TaskTimeout, match="did not finish within its timeout of 1.5 s"):
+        s.run_inline(Chain("slow", 4, log, clock).program, X, timeout=1.5)
+    st = s.stats()
+    assert (st["tasks"]["failed"], st["tasks"]["timeout"], st["running"]) == (1, 1, 0)
+    assert [t["outcome"] for t in s.tasks()] == ["timeout", "failed"]
+    assert s.run_inline(Chain("ok", 1, log, clock).program, X)["v0"][0] == 1

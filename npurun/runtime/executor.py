@@ -36,7 +36,7 @@ from ..errors import InputError, NpurunError
 from ..frontend import load
 from ..ir.graph import Graph
 from .device import Device
-from .scheduler import TaskFuture
+from .scheduler import NOT_IDLE, TaskFuture
 
 
 PLAN_CACHE = 32  # plans kept per Executor (one per graph and input shapes)
@@ -80,6 +80,10 @@ class Executor:
         self._costs: OrderedDict[tuple, list[int]] = OrderedDict()
         # (id(graph), input shapes) -> (graph, Program, MemoryPlan): one plan per shape met
         self._plans: OrderedDict[tuple, tuple] = OrderedDict()
+        # (id(model), input shapes) -> (model, Program, step MACs, task name): run_sync's lookup
+        # of everything submit derives from a model and its inputs' shapes, in one dict read.
+        self._runs: dict[tuple, tuple] = {}
+        self._default_priority = cfg.get("scheduler", "default_priority")
         self._lock = threading.Lock()
         self._inflight: set[TaskFuture] = set()
         self._closed = False
@@ -176,7 +180,7 @@ class Executor:
         program, _ = self.planned(model, inputs)
         feeds = self._feeds(program, inputs)
         if priority is None:
-            priority = self.dev.config.get("scheduler", "default_priority")
+            priority = self._default_priority
         fut = self.scheduler.submit(program, feeds, priority=priority, timeout=timeout, progress=progress,
                                     name=name or _task_name(program), step_macs=self.step_macs(program, feeds),
                                     profile=profile, owner=self, group=group, inline=inline)
@@ -193,7 +197,36 @@ class Executor:
 
     def run_sync(self, model, inputs, progress=None, *, priority: int | None = None,
                  timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Run and wait. On an idle device the run happens on this thread with no Future
+        (Scheduler.run_inline); otherwise it is queued like submit's."""
+        if self._closed:
+            raise NpurunError(f"{self!r} is closed")
+        prepared = self._prepared(model, inputs)
+        if prepared is not None:
+            program, feeds, macs, name = prepared
+            out = self.scheduler.run_inline(program, feeds, priority=self._default_priority if priority is None else priority,
+                                            timeout=timeout, progress=progress, name=name, step_macs=macs, owner=self)
+            if out is not NOT_IDLE:
+                return out
         return self.submit(model, inputs, progress, priority=priority, timeout=timeout, inline=True).result()
+
+    def _prepared(self, model, inputs) -> tuple | None:
+        """(Program, feeds, step MACs, task name) for a run of an in-memory model, from a cache
+        keyed by the model and the inputs' shapes; None for a model given as a path."""
+        if not isinstance(model, (Graph, Program)):
+            return None
+        feeds = inputs if isinstance(inputs, dict) else self._feeds(self.compile(model), inputs)
+        key = (id(model), tuple([(k, v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)]))
+        hit = self._runs.get(key)
+        if hit is not None and hit[0] is model:
+            return hit[1], feeds, hit[2], hit[3]
+        program, _ = self.planned(model, feeds)
+        hit = (model, program, self.step_macs(program, feeds), _task_name(program))
+        with self._lock:
+            self._runs[key] = hit
+            while len(self._runs) > PLAN_CACHE:
+                del self._runs[next(iter(self._runs))]  # the oldest entry
+        return hit[1], feeds, hit[2], hit[3]
 
     async def run(self, model, inputs, progress=None, *, priority: int | None = None,
                   timeout: float | None = None) -> dict[str, np.ndarray]:
