@@ -61,4 +61,6 @@ def test_conv_then_activation_is_fused_only_when_safe(rng):
     assert labels == [("c1", "tanh"), ("c2", None), ("r2", None), ("a2", None)]  # u has two readers
     x = nonzero_normal(rng, (1, 2, 6, 6))
     want = npurun.Executor("reference").run_sync(g, {"x": x})["out"]
-    np.testing.assert_allclose(prog.run({"x": x})["out"], want, rtol=1e-5, atol=1e-6)
+    # The fused tanh (csrc/act.h, a few ulp) and another summation order differ by up to 4e-6
+    # where outputs reach a few units (13 of 3000 seeds failed atol=1e-6): atol scales with them.
+    np.testing.assert_allclose(prog.run({"x": x})["out"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
