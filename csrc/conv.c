@@ -136,13 +136,13 @@ static void conv_chunk(void *ctx, int i)
     int rc;
     if (j->flat) {  /* pixels [a, b) of the flat (C, Ho*Wo) rows, passed as a 1 x (b-a) image */
         long plane = (long)j->Ho * j->Wo, groups = plane / FLAT_PIX > 0 ? plane / FLAT_PIX : 1;
-        long g0 = groups * i / j->chunks, g1 = groups * (i + 1) / j->chunks;
+        long g0 = par_at(0, groups, i, j->chunks), g1 = par_at(0, groups, i + 1, j->chunks);
         long a = g0 * FLAT_PIX, b = g1 == groups ? plane : g1 * FLAT_PIX;
         if (b <= a) return;
         rc = j->fn(j->x + a, j->C, 1, (int)plane, j->wp, j->bias, j->M, 1, 1, 1, 1, 1, 1, 0, 0, j->act,
                    j->alpha, j->beta, j->y + a, 1, (int)(b - a), 0, 1, plane, j->nt);
     } else {
-        int a = (int)((long)j->Ho * i / j->chunks), b = (int)((long)j->Ho * (i + 1) / j->chunks);
+        int a = (int)par_at(0, j->Ho, i, j->chunks), b = (int)par_at(0, j->Ho, i + 1, j->chunks);
         if (b <= a) return;
         rc = j->fn(j->x, j->C, j->H, j->W, j->wp, j->bias, j->M, j->kh, j->kw, j->sh, j->sw, j->dh, j->dw,
                    j->pt, j->pl, j->act, j->alpha, j->beta, j->y, j->Ho, j->Wo, a, b, 0, j->nt);
@@ -173,7 +173,7 @@ typedef struct {
 static void dw_chunk(void *ctx, int i)
 {
     dw_job *j = ctx;
-    int a = (int)((long)j->C * i / j->chunks), b = (int)((long)j->C * (i + 1) / j->chunks);
+    int a = (int)par_at(0, j->C, i, j->chunks), b = (int)par_at(0, j->C, i + 1, j->chunks);
     if (b > a && npr_dwconv2d(j->x, j->C, j->H, j->W, j->w, j->bias, j->kh, j->kw, j->sh, j->sw, j->dh,
                               j->dw, j->pt, j->pl, j->act, j->alpha, j->beta, j->y, j->Ho, j->Wo, a, b))
         atomic_store(&j->rc, -1);
@@ -194,7 +194,7 @@ typedef struct { const float *x; float *y; long n; int act; float alpha, beta; i
 static void act_chunk(void *ctx, int i)
 {
     act_job *j = ctx;
-    long a = j->n * i / j->chunks, b = j->n * (i + 1) / j->chunks;
+    long a = par_at(0, j->n, i, j->chunks), b = par_at(0, j->n, i + 1, j->chunks);
     if (b > a) npr_activation(j->x + a, j->y + a, b - a, j->act, j->alpha, j->beta);
 }
 

@@ -258,7 +258,7 @@ static void CAT(CONVG, _chunk)(void *ctx, int i)
     long K = (long)j->C * j->kh * j->kw, plane = (long)j->Ho * j->Wo;
     int rc;
     if (j->split_m) {  /* chunk i: blocks [b0, b1) */
-        int nb = (j->M + MR - 1) / MR, b0 = (int)((long)nb * i / j->chunks), b1 = (int)((long)nb * (i + 1) / j->chunks);
+        int nb = (j->M + MR - 1) / MR, b0 = (int)par_at(0, nb, i, j->chunks), b1 = (int)par_at(0, nb, i + 1, j->chunks);
         int m0 = b0 * MR, m1 = b1 * MR < j->M ? b1 * MR : j->M;
         if (m1 <= m0) return;
         if (j->s.xp)

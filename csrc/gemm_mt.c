@@ -25,7 +25,7 @@ typedef struct {
 static void gemm_chunk(void *ctx, int i)
 {
     gemm_job *j = ctx;
-    long p0 = j->panels * i / j->chunks, p1 = j->panels * (i + 1) / j->chunks;
+    long p0 = par_at(0, j->panels, i, j->chunks), p1 = par_at(0, j->panels, i + 1, j->chunks);
     if (p1 <= p0) return;
     if (j->q8)
         (j->isa512 ? npr_gemm_q8_avx512 : npr_gemm_q8_avx2)(j->a, j->bq, j->scale, j->c, j->bias, j->res,
@@ -72,7 +72,7 @@ typedef struct {
 static void tr_chunk(void *ctx, int i)
 {
     tr_job *j = ctx;
-    long lo = j->total * i / j->chunks, hi = j->total * (i + 1) / j->chunks;
+    long lo = par_at(0, j->total, i, j->chunks), hi = par_at(0, j->total, i + 1, j->chunks);
     if (hi <= lo) return;
     switch (j->kind) {
     case TR_ERF: npr_erf(j->x + lo, j->y + lo, hi - lo); break;

@@ -80,6 +80,13 @@ static inline void *par_worker(void *arg)
     return NULL;
 }
 
+/* Where chunk i of `chunks` near-equal parts of [lo, hi) begins (it ends where chunk i + 1
+ * begins): how every multi-threaded entry point cuts its rows, channels or panels. */
+static inline long par_at(long lo, long hi, int i, int chunks)
+{
+    return lo + (hi - lo) * i / chunks;
+}
+
 /* fn(ctx, c) for every c in [0, chunks), on the caller and up to threads - 1 workers. */
 static inline void par_run(par_fn fn, void *ctx, int chunks, int threads)
 {

@@ -55,7 +55,7 @@ typedef struct {
 static void smallc_chunk(void *ctx, int i)
 {
     smallc_job *j = ctx;
-    int n = j->r1 - j->r0, a = j->r0 + (int)((long)n * i / j->chunks), b = j->r0 + (int)((long)n * (i + 1) / j->chunks);
+    int a = (int)par_at(j->r0, j->r1, i, j->chunks), b = (int)par_at(j->r0, j->r1, i + 1, j->chunks);
     if (b > a && j->fn(j->x, j->C, j->H, j->W, j->wp, j->bias, j->M, j->kh, j->kw, j->pt, j->pl, j->act,
                        j->alpha, j->beta, j->y, j->Ho, j->Wo, a, b, j->nt))
         atomic_store(&j->rc, -1);

@@ -173,7 +173,7 @@ typedef struct {
 static void wino_chunk(void *ctx, int i)
 {
     wino_job *j = ctx;
-    int n = j->tr1 - j->tr0, a = j->tr0 + (int)((long)n * i / j->chunks), b = j->tr0 + (int)((long)n * (i + 1) / j->chunks);
+    int a = (int)par_at(j->tr0, j->tr1, i, j->chunks), b = (int)par_at(j->tr0, j->tr1, i + 1, j->chunks);
     if (b > a && j->fn(j->x, j->C, j->H, j->W, j->U, j->bias, j->M, j->pt, j->pl, j->act, j->alpha, j->beta,
                        j->y, j->Ho, j->Wo, a, b, j->nt))
         atomic_store(&j->rc, -1);
