@@ -201,8 +201,11 @@ class Program:
 
     def call(self, inputs: list, outer: dict) -> list:
         """Run this program as a region: positional inputs, captures read from `outer`."""
-        env = {nm: outer[nm] for nm in self.captured if nm in outer}
-        env.update(self.consts)
+        # consts first, as one copy of the dict (silero's branches hold ~50: inserting them
+        # one by one into a fresh dict resized it four times a call); captured names are
+        # never consts (see __init__), so the order does not change what a name holds
+        env = self.consts.copy()
+        env.update({nm: outer[nm] for nm in self.captured if nm in outer})
         env.update(zip(self.graph.inputs, inputs))
         self._execute(env, None)
         return [env[nm] for nm in self.graph.outputs]
