@@ -75,19 +75,24 @@ def test_priorities_order_waiting_tasks():
     assert names(log) == ["high", "high", "mid", "mid", "low", "low"]
 
 
-def test_higher_priority_arrival_preempts_at_the_next_node():
+@pytest.mark.parametrize("inline", [False, True], ids=["submit", "run_inline"])
+def test_higher_priority_arrival_preempts_at_the_next_node(inline):
     clock, log = FakeClock(), []
     s = Scheduler(1, quantum=100, aging=1000, clock=clock)
     hi = Chain("hi", 3, log, clock)
     box = {}
     lo = Chain("lo", 6, log, clock, hooks={2: lambda: box.setdefault("hi", s.submit(hi.program, X, priority=0))})
-    f = s.submit(lo.program, X, priority=3)
-    f.result(timeout=10)
+    if inline:  # run_sync's path: the preempted task waits on the calling thread
+        out = s.run_inline(lo.program, X, priority=3)
+    else:
+        out = s.submit(lo.program, X, priority=3).result(timeout=10)
     box["hi"].result(timeout=10)
     assert log == [("lo", 0), ("lo", 1), ("lo", 2), ("hi", 0), ("hi", 1), ("hi", 2),
                    ("lo", 3), ("lo", 4), ("lo", 5)]
-    assert (f.task.preemptions, f.task.slices) == (1, 2)
-    assert (box["hi"].task.preemptions, box["hi"].task.slices) == (0, 1)
+    assert out["v5"][0] == 6
+    lo_t, hi_t = s.tasks()  # newest first: lo finished last
+    assert (lo_t["name"], lo_t["preemptions"], lo_t["slices"]) == ("lo", 1, 2)
+    assert (hi_t["name"], hi_t["preemptions"], hi_t["slices"]) == ("hi", 0, 1)
     assert s.stats()["preemptions"] == 1
 
 
@@ -407,19 +412,6 @@ def test_run_inline_declines_a_busy_or_paused_device_and_changes_nothing():
     s.resume()
     assert s.stats()["tasks"]["submitted"] == 1 and inner.calls == 0
     assert s.run_inline(inner.program, X)["v1"][0] == 2  # idle again: runs
-
-
-def test_run_inline_is_preempted_by_a_better_task_and_resumes():
-    clock, log = FakeClock(), []
-    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
-    hi = Chain("hi", 2, log, clock)
-    box = {}
-    lo = Chain("lo", 4, log, clock, hooks={1: lambda: box.setdefault("hi", s.submit(hi.program, X, priority=0))})
-    out = s.run_inline(lo.program, X, priority=3)
-    box["hi"].result(timeout=10)
-    assert log == [("lo", 0), ("lo", 1), ("hi", 0), ("hi", 1), ("lo", 2), ("lo", 3)]
-    assert out["v3"][0] == 4 and s.stats()["preemptions"] == 1
-    assert [t["preemptions"] for t in s.tasks()] == [1, 0]  # newest first: lo finished last
 
 
 def test_run_inline_raises_the_failure_and_timeouts_and_frees_the_device():
