@@ -177,12 +177,11 @@ class Executor:
         returns (what run_sync does: no thread handoff for a small model's run)."""
         if self._closed:
             raise NpurunError(f"{self!r} is closed")
-        program, _ = self.planned(model, inputs)
-        feeds = self._feeds(program, inputs)
+        program, feeds, macs, task_name = self._prepared(model, inputs)
         if priority is None:
             priority = self._default_priority
         fut = self.scheduler.submit(program, feeds, priority=priority, timeout=timeout, progress=progress,
-                                    name=name or _task_name(program), step_macs=self.step_macs(program, feeds),
+                                    name=name or task_name, step_macs=macs,
                                     profile=profile, owner=self, group=group, inline=inline)
         if fut.done():  # ran inline: nothing in flight for close() to wait for
             return fut
@@ -201,20 +200,22 @@ class Executor:
         (Scheduler.run_inline); otherwise it is queued like submit's."""
         if self._closed:
             raise NpurunError(f"{self!r} is closed")
-        prepared = self._prepared(model, inputs)
-        if prepared is not None:
-            program, feeds, macs, name = prepared
+        if isinstance(model, (Graph, Program)):  # (a path is loaded again by submit)
+            program, feeds, macs, name = self._prepared(model, inputs)
             out = self.scheduler.run_inline(program, feeds, priority=self._default_priority if priority is None else priority,
                                             timeout=timeout, progress=progress, name=name, step_macs=macs, owner=self)
             if out is not NOT_IDLE:
                 return out
         return self.submit(model, inputs, progress, priority=priority, timeout=timeout, inline=True).result()
 
-    def _prepared(self, model, inputs) -> tuple | None:
-        """(Program, feeds, step MACs, task name) for a run of an in-memory model, from a cache
-        keyed by the model and the inputs' shapes; None for a model given as a path."""
+    def _prepared(self, model, inputs) -> tuple:
+        """(Program, feeds, step MACs, task name) for a run: for an in-memory model from a
+        cache keyed by the model and the inputs' shapes (one dict read a run); a model given
+        as a path is loaded and looked up again each time."""
         if not isinstance(model, (Graph, Program)):
-            return None
+            program, _ = self.planned(model, inputs)
+            feeds = self._feeds(program, inputs)
+            return program, feeds, self.step_macs(program, feeds), _task_name(program)
         feeds = inputs if isinstance(inputs, dict) else self._feeds(self.compile(model), inputs)
         key = (id(model), tuple([(k, v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)]))
         hit = self._runs.get(key)
