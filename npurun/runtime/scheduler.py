@@ -158,8 +158,10 @@ class Task:
 
 class Scheduler:
     """Runs tasks on `units` compute units of one device, `width` units per slice. Shared by
-    every Executor of the device; thread-safe. Each started task runs in its own thread (its
-    run's frames live there between slices); at most one task per active lane holds it."""
+    every Executor of the device; thread-safe. Each started task runs in a thread of its own
+    (its run's frames live there between slices): a task thread, or the caller's for an
+    inline run (`run_inline`, `submit(inline=True)`). Each active lane is held by at most
+    one task at a time."""
 
     def __init__(self, units: int, quantum: float = 0.010, aging: float = 0.200,
                  clock=time.monotonic, name: str = "device", width: int = 1):
