@@ -177,11 +177,15 @@ class Executor:
         returns (what run_sync does: no thread handoff for a small model's run)."""
         if self._closed:
             raise NpurunError(f"{self!r} is closed")
-        program, feeds, macs, task_name = self._prepared(model, inputs)
-        if priority is None:
-            priority = self._default_priority
-        fut = self.scheduler.submit(program, feeds, priority=priority, timeout=timeout, progress=progress,
-                                    name=name or task_name, step_macs=macs,
+        return self._submit(self._prepared(model, inputs), progress=progress, priority=priority, timeout=timeout,
+                            name=name, profile=profile, group=group, inline=inline)
+
+    def _submit(self, prepared, *, progress, priority, timeout, name=None, profile=False, group=None,
+                inline=False) -> TaskFuture:
+        """submit's queueing of a run `_prepared` has looked up."""
+        program, feeds, macs, task_name = prepared
+        fut = self.scheduler.submit(program, feeds, priority=self._default_priority if priority is None else priority,
+                                    timeout=timeout, progress=progress, name=name or task_name, step_macs=macs,
                                     profile=profile, owner=self, group=group, inline=inline)
         if fut.done():  # ran inline: nothing in flight for close() to wait for
             return fut
@@ -200,13 +204,13 @@ class Executor:
         (Scheduler.run_inline); otherwise it is queued like submit's."""
         if self._closed:
             raise NpurunError(f"{self!r} is closed")
-        if isinstance(model, (Graph, Program)):  # (a path is loaded again by submit)
-            program, feeds, macs, name = self._prepared(model, inputs)
-            out = self.scheduler.run_inline(program, feeds, priority=self._default_priority if priority is None else priority,
-                                            timeout=timeout, progress=progress, name=name, step_macs=macs, owner=self)
-            if out is not NOT_IDLE:
-                return out
-        return self.submit(model, inputs, progress, priority=priority, timeout=timeout, inline=True).result()
+        prepared = self._prepared(model, inputs)
+        program, feeds, macs, name = prepared
+        out = self.scheduler.run_inline(program, feeds, priority=self._default_priority if priority is None else priority,
+                                        timeout=timeout, progress=progress, name=name, step_macs=macs, owner=self)
+        if out is not NOT_IDLE:
+            return out
+        return self._submit(prepared, progress=progress, priority=priority, timeout=timeout, inline=True).result()
 
     def _prepared(self, model, inputs) -> tuple:
         """(Program, feeds, step MACs, task name) for a run: for an in-memory model from a
