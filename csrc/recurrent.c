@@ -37,7 +37,7 @@ int npr_lstm_f32(const float *proj, const float *rt, float *h, float *c, float *
                 __m256 acc[8];
                 for (int v = 0; v < 8; v++) acc[v] = v < nv ? _mm256_loadu_ps(p + j + 8 * v) : zero;
                 const float *r = rt + j;
-                if (nv == 8) {
+                if (nv == 8) {  /* a full slab: the constant bound lets gcc keep all 8 in registers */
                     for (int k = 0; k < H; k++, r += G) {
                         __m256 hk = _mm256_broadcast_ss(hb + k);
                         for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + 8 * v), acc[v]);
