@@ -214,6 +214,9 @@ def cmd_info(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="npurun", description="Run neural-network models on accelerators.")
     p.add_argument("--version", action="version", version=f"npurun {__version__}")
+    p.add_argument("--ops", action="append", default=[], metavar="MODULE",
+                   help="import a module (name or .py file) that registers ops with npurun.register_op "
+                        "before the command (repeatable; also NPURUN_OPS=a,b)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     u = sub.add_parser("upscale", help="upscale a photo with the bundled ESPCN (x3)")
@@ -266,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from .registry import load_op_modules
+        load_op_modules(os.environ.get("NPURUN_OPS", "").split(",") + args.ops)
         return args.fn(args)
     except NpurunError as e:
         if os.environ.get("NPURUN_DEBUG"):

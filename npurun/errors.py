@@ -36,3 +36,7 @@ class BackendError(NpurunError):
 
 class PassError(NpurunError):
     """A compiler pass that failed or left an invalid graph; the message names the pass."""
+
+
+class RegistrationError(NpurunError):
+    """An op registration (npurun.register_op) whose spec cannot work; names the op and field."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from ..errors import InputError, NpurunError
 from .dtypes import to_numpy
 from .graph import Graph
-from .ops import infer_node, macs
+from .ops import OPS, infer_node, macs
 from .shapes import bind, numel
 
 
@@ -70,5 +70,15 @@ def node_costs(g: Graph, input_shapes: dict[str, tuple]) -> list[NodeCost]:
         ins = [shapes.get(i) if i else None for i in n.inputs]
         outs = [shapes.get(o) for o in n.outputs]
         known = all(_static(s) for s in ins + outs if s is not None) and None not in outs
+        if known and OPS[n.op].bytes is not None:  # an op registered with its own traffic rule
+            nbytes = op_bytes(n, vals)
         out.append(NodeCost(n.name or n.full_op, n.op, macs(n, ins, outs) if known else 0, nbytes))
     return out
+
+
+def op_bytes(n, vals: dict) -> int:
+    """Bytes an op registered with a `bytes` rule (npurun.register_op) moves, from its operand
+    and result types: the rule gets (shape, dtype) pairs, None for an absent operand."""
+    d = OPS[n.op]
+    pair = lambda nm: (tuple(vals[nm].shape), vals[nm].dtype) if nm else None  # noqa: E731
+    return int(d.bytes(d.attrs_of(n), [pair(i) for i in n.inputs], [pair(o) for o in n.outputs]))

@@ -121,6 +121,9 @@ def _quant(n: int, t: int) -> float:
 
 
 def is_matrix_node(node, shapes) -> bool:
+    d = OPS.get(node.op)
+    if d is not None and d.unit:  # an op registered through npurun.register_op says which unit
+        return d.unit == "matrix"
     if node.op in ("matmul", "gemm", "matmul_integer", "qlinear_matmul"):
         return True
     if node.op in ("conv", "conv_integer", "qlinear_conv", "conv_transpose"):
@@ -164,8 +167,13 @@ def vector_work(node, shapes, g) -> float:
     if node.op in ("global_average_pool", "global_max_pool", "reduce_mean", "reduce_sum", "reduce_max"):
         x = shapes.get(node.inputs[0])
         return float(numel(x) if x else n_out)
+    d = OPS.get(node.op)
+    if d is not None and d.unit == "vector" and not d.vector_ops and d.macs is not None:
+        # registered through npurun.register_op with MACs and no vector work of its own
+        return float(op_macs(node, [shapes.get(i) if i else None for i in node.inputs],
+                             [shapes.get(o) for o in node.outputs]))
     total_out = sum(numel(shapes[o]) for o in node.outputs if o and shapes.get(o))
-    return float(total_out * VECTOR_OPS_PER_ELEMENT.get(node.op, 1))
+    return float(total_out * VECTOR_OPS_PER_ELEMENT.get(node.op, (d.vector_ops if d else 0) or 1))
 
 
 def fusions(g: Graph) -> dict[int, int]:
@@ -237,6 +245,7 @@ def node_timings(g: Graph, dev: Device, shapes: dict, placement: dict[str, str],
                 nt.sram_bytes += b
             else:
                 nt.dram_bytes += b
+        _own_traffic(n, g, shapes, nt)
         bursts = math.ceil(nt.dram_bytes / max(int(n.hints.get("burst", dev.burst_bytes)), 1))
         dram_s = (nt.dram_bytes / (dev.dram.bandwidth_gbps * 1e9)
                   + bursts * dev.setup_cycles / freq_hz / dev.dma_engines)
@@ -252,6 +261,22 @@ def node_timings(g: Graph, dev: Device, shapes: dict, placement: dict[str, str],
         t += nt.time_s
         out.append(nt)
     return out
+
+
+def _own_traffic(n, g: Graph, shapes: dict, nt: NodeTiming) -> None:
+    """An op registered with its own `bytes` rule (e.g. a lookup that reads a few rows of a
+    table) moves that many bytes rather than all its operands: both tiers are scaled by the
+    rule's bytes over the operands' bytes at their own dtypes."""
+    d = OPS[n.op]
+    names = [x for x in n.inputs if x] + [o for o in n.outputs if o]
+    if d.bytes is None or any(shapes.get(nm) is None for nm in names):
+        return
+    pair = lambda nm: (shapes[nm], g.values[nm].dtype) if nm else None  # noqa: E731
+    own = d.bytes(d.attrs_of(n), [pair(x) for x in n.inputs], [pair(o) for o in n.outputs])
+    full = sum(numel(shapes[nm]) * to_numpy(g.values[nm].dtype).itemsize for nm in names)
+    if full > 0:
+        nt.sram_bytes = int(nt.sram_bytes * own / full)
+        nt.dram_bytes = int(nt.dram_bytes * own / full)
 
 
 def graph_overhead_s(dev: Device, precision_family: str, io_bytes: int = 0) -> float:

@@ -185,6 +185,13 @@ def _report_unsupported(where: str, problems: dict) -> None:
     raise ModelError(f"{where}: {len(lines)} unsupported op kind(s): " + " | ".join(lines))
 
 
+def _no_converter(domain: str) -> str:
+    """The reason for an op nothing converts; a custom domain's op can be registered."""
+    if domain and not domain.startswith("ai.onnx"):
+        return "no converter (npurun.register_op adds ops of any domain: docs/adding-ops.md)"
+    return "no converter"
+
+
 def _subgraphs(node):
     for a in node.attribute:
         if a.type == onnx.AttributeProto.GRAPH:
@@ -213,7 +220,7 @@ class _Importer:
             for n in graph.node:
                 fn, domain = self.converter_of(n)
                 if fn is None:
-                    problems[(n.op_type, domain, self.opsets.get(domain, 1), "no converter")].append(n.name or n.op_type)
+                    problems[(n.op_type, domain, self.opsets.get(domain, 1), _no_converter(domain))].append(n.name or n.op_type)
                 for sub in _subgraphs(n):
                     walk(sub)
         walk(og)

@@ -36,6 +36,12 @@ class OpDef:
     infer: Callable | None = None  # (node, attrs, [Value|None]) -> [(shape, dtype[, kind])]
     macs: Callable | None = None  # (attrs, in_shapes, out_shapes) -> int
     regions: tuple[str, ...] = ()  # attributes that hold subgraphs (control flow)
+    # Ops registered through npurun.register_op (npurun/registry.py) may also say:
+    domain: str = ""  # the ONNX domain they come from ("" for ai.onnx and npurun's own)
+    bytes: Callable | None = None  # (attrs, [(shape, dtype)|None] in, out) -> bytes moved;
+    # None: every operand read and every result written once
+    unit: str = ""  # npusim compute unit: "matrix" (MACs on the MAC array) or "vector"; "": built-in rule
+    vector_ops: float = 0.0  # vector-unit work per output element (MAC-equivalents); 0: the built-in table
 
     @property
     def min_inputs(self) -> int:
@@ -52,10 +58,12 @@ class OpDef:
 OPS: dict[str, OpDef] = {}
 
 
-def op(name, inputs, outputs=("y",), attrs=None, groups=(), macs=None, regions=()):
+def op(name, inputs, outputs=("y",), attrs=None, groups=(), macs=None, regions=(), **extra):
+    """Declare an op; `infer` is the decorated function. `extra` sets the OpDef fields that
+    ops registered through npurun.register_op carry (domain, bytes, unit, vector_ops)."""
     def register(infer):
         OPS[name] = OpDef(name, tuple(inputs), tuple(outputs), dict(attrs or {}),
-                          frozenset(groups), infer, macs, tuple(regions))
+                          frozenset(groups), infer, macs, tuple(regions), **extra)
         return infer
     return register
 
