@@ -56,16 +56,21 @@ def conv(x, w, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pa
     # stays at one shifted copy of the input rather than a whole im2col matrix.
     ks = list(kernel_shape or w.shape[2:])
     begin, end, out, strides, dilations = _window_pads(x.shape, ks, strides, dilations, pads, auto_pad)
-    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end)))
+    # f16/bf16 accumulate in float32 and round once at the end (as a half-precision GEMM and
+    # ONNX's reference do); summing the taps in the storage type would round after each tap.
+    acc = np.result_type(x, w)
+    if acc.kind in "fV" and acc.itemsize < 4:
+        acc = np.dtype(np.float32)
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end))).astype(acc, copy=False)
     n, c = x.shape[:2]
     m, g = w.shape[0], group
-    y = np.zeros((n, g, m // g, math.prod(out)), dtype=np.result_type(x, w))
-    wg = w.reshape(g, m // g, c // g, *w.shape[2:])
+    y = np.zeros((n, g, m // g, math.prod(out)), dtype=acc)
+    wg = w.astype(acc, copy=False).reshape(g, m // g, c // g, *w.shape[2:])
     for tap, xs in _taps(xp, ks, strides, dilations, out):
         y += wg[(slice(None),) * 3 + tap] @ xs.reshape(n, g, c // g, -1)
     y = y.reshape(n, m, *out)
     if b is not None:
-        y += b.reshape((1, m) + (1,) * len(out))
+        y += b.astype(acc, copy=False).reshape((1, m) + (1,) * len(out))
     return y.astype(x.dtype, copy=False)
 
 
@@ -120,7 +125,9 @@ def global_max_pool(x):
 
 @kernel("matmul")
 def matmul(a, b):
-    return np.matmul(a, b)
+    # NumPy multiplies bfloat16 matrices into float32 (ml_dtypes' loop): round the product
+    # back to the operand type, as every other float type's product is.
+    return _like(a, np.matmul(a, b))
 
 
 @kernel("gemm")

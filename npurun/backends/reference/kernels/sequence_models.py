@@ -2,7 +2,9 @@
 attention, stateful causal convolution, KV-cache scatter, and the RNN/GRU/LSTM cells.
 
 They compute in float64 and cast back to the operand type at the end, so fp16/bf16 models get
-the exact result rounded once rather than an error accumulated step by step.
+the exact result rounded once rather than an error accumulated step by step. Attention is the
+exception: ONNX defines it by a function body that rounds to the operand type at fixed steps,
+so for fp16/bf16 operands it computes in that type, step by step (see `attention`).
 """
 from __future__ import annotations
 
@@ -49,13 +51,13 @@ def _attention_allowed(batch, sq, total, offset, nonpad, is_causal, left, right)
     return allowed
 
 
-def _mask_bias(attn_mask, total):
-    """The attn_mask as an additive bias: False -> -inf, a float mask as is; a mask shorter
-    than the T keys is padded with -inf (those keys are not attended)."""
+def _mask_bias(attn_mask, total, ct=np.float64):
+    """The attn_mask as an additive bias in type `ct`: False -> -inf, a float mask as is; a
+    mask shorter than the T keys is padded with -inf (those keys are not attended)."""
     if attn_mask.dtype == np.bool_:
-        bias = np.where(attn_mask, 0.0, -np.inf)
+        bias = np.where(attn_mask, 0.0, -np.inf).astype(ct)
     else:
-        bias = _f64(attn_mask)
+        bias = attn_mask.astype(ct)
     short = total - bias.shape[-1]
     if short > 0:
         bias = np.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, short)], constant_values=-np.inf)
@@ -66,16 +68,27 @@ def _safe_softmax(s):
     """Softmax over the last axis where a row with no attended key (all -inf) is all zeros
     rather than NaN, as ONNX Attention specifies."""
     m = s.max(axis=-1, keepdims=True)
-    e = np.exp(s - np.where(m > -np.inf, m, 0.0))  # a dead row stays exp(-inf) = 0
+    zero, one = np.zeros((), s.dtype), np.ones((), s.dtype)
+    e = np.exp(s - np.where(m > -np.inf, m, zero))  # a dead row stays exp(-inf) = 0
     total = e.sum(axis=-1, keepdims=True)
-    return e / np.where(total > 0, total, 1.0)
+    return e / np.where(total > zero, total, one)
+
+
+def _matmul(a, b):
+    """a @ b in the operands' type (NumPy gives bfloat16 products as float32)."""
+    return np.matmul(a, b).astype(a.dtype, copy=False)
 
 
 @kernel("attention")
 def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
               is_causal, q_num_heads, kv_num_heads, qk_matmul_output_mode, scale, softcap,
               softmax_precision, left_window_size, right_window_size):
-    # Scores and softmax run in float64, which meets any softmax_precision asked for.
+    # f32/f64: scores and softmax run in float64 (which meets any softmax_precision) and round
+    # once. f16/bf16: the ONNX function body's rounding, step by step in the operand type T:
+    # sqrt(scale) in T scales q and k, the scores round to T, the bias adds in T, the softmax
+    # runs in softmax_precision (T if none), its result rounds to T before the last matmul.
+    low = q.dtype.itemsize < 4
+    ct = q.dtype if low else np.dtype(np.float64)
     three_d = q.ndim == 3
     qh, kh, vh = _to_heads(q, q_num_heads), _to_heads(k, kv_num_heads), _to_heads(v, kv_num_heads)
     # The cache grows by concatenation along the sequence axis: keys are (B, Hkv, P + S, D).
@@ -87,10 +100,14 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     total = kh.shape[2]
     # Grouped-query attention: query head h reads key/value head h // (Hq / Hkv).
     group = hq // kh.shape[1]
-    kx, vx = np.repeat(_f64(kh), group, axis=1), np.repeat(_f64(vh), group, axis=1)
+    kx, vx = np.repeat(kh.astype(ct), group, axis=1), np.repeat(vh.astype(ct), group, axis=1)
     scale = 1.0 / np.sqrt(d) if scale is None else scale
-    qk = (_f64(qh) @ kx.transpose(0, 1, 3, 2)) * scale
-    capped = softcap * np.tanh(qk / softcap) if softcap else qk
+    if low:
+        root = ct.type(np.sqrt(scale))
+        qk = _matmul(qh * root, kx.transpose(0, 1, 3, 2) * root)
+    else:
+        qk = (_f64(qh) @ kx.transpose(0, 1, 3, 2)) * scale
+    capped = (np.tanh(qk / ct.type(softcap)) * ct.type(softcap)) if softcap else qk
     # Causal and window bounds count from the keys before the query block: the past cache,
     # or (external cache) the non-padded keys beyond the queries.
     if past_key is not None:
@@ -101,11 +118,16 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         offset = np.zeros(batch, np.int64)
     allowed = _attention_allowed(batch, sq, total, offset, nonpad_kv_seqlen, is_causal,
                                  left_window_size, right_window_size)
-    biased = np.where(allowed, capped, -np.inf)
+    biased = np.where(allowed, capped, ct.type(-np.inf))
     if attn_mask is not None:
-        biased = biased + _mask_bias(attn_mask, total)
-    probs = _safe_softmax(biased)
-    y = probs @ vx
+        biased = biased + _mask_bias(attn_mask, total, ct)
+    if low:
+        sp = to_numpy(softmax_precision) if softmax_precision else ct
+        probs = _safe_softmax(biased.astype(sp)).astype(ct)
+        y = _matmul(probs, vx)
+    else:
+        probs = _safe_softmax(biased)
+        y = probs @ vx
     y = _from_heads(y) if three_d else y
     qk_out = (qk, capped, biased, probs)[qk_matmul_output_mode]
     return (y.astype(q.dtype), present_k, present_v, qk_out.astype(q.dtype))

@@ -1,11 +1,12 @@
 """Transformer and recurrent ONNX ops: Attention, RotaryEmbedding, RMSNormalization,
-LinearAttention, CausalConvWithState, TensorScatter, RNN, GRU, LSTM, and FlexAttention
+LinearAttention, CausalConvWithState, TensorScatter, SwiGLU, RNN, GRU, LSTM, and FlexAttention
 (ai.onnx.preview), whose score/probability modifier subgraphs become regions."""
 from __future__ import annotations
 
 import onnx
 from onnx import helper
 
+from ....errors import VerifyError
 from ..context import ConvertError, Ctx
 from ..dtypes import ir_dtype
 from . import converter
@@ -89,6 +90,19 @@ converter("LSTM")(_recurrent("lstm", ("input_forget",)))
 
 
 # ------------------------------------------------------------------ attention with subgraphs
+
+@converter("SwiGLU", since=28)
+def SwiGLU(ctx: Ctx):
+    """Y = Swish_alpha(A) * B, with A and B of one shape (SwiGLU does not broadcast)."""
+    a, b = ctx.value(ctx.input(0)), ctx.value(ctx.input(1))
+    if a.shape is not None and b.shape is not None and (
+            len(a.shape) != len(b.shape) or any(isinstance(x, int) and isinstance(y, int) and x != y
+                                                for x, y in zip(a.shape, b.shape))):
+        raise VerifyError(f"node {ctx.name or 'SwiGLU'!r} (SwiGLU): A is {list(a.shape)} and B is "
+                          f"{list(b.shape)}; SwiGLU takes two tensors of one shape (no broadcasting)")
+    gate = ctx.emit("swish", [a.name], alpha=ctx.attrs.get("alpha", 1.0))[0]
+    ctx.emit("mul", [gate, b.name], [ctx.output(0)])
+
 
 def _identity_graph(name: str) -> onnx.GraphProto:
     """What an absent score_mod/prob_mod means: the tensor unchanged (untyped: the owner
