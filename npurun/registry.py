@@ -92,7 +92,8 @@ def register_op(name: str, *, reference: Callable, domain: str = "", onnx_op: st
     shape       "same" (each result has the first present operand's type), "broadcast" (the
                 operands' broadcast shape, the first present operand's dtype) or `rule(ins, attrs) -> [(shape,
                 dtype), ...]`, `ins` the operand Values (`.shape`, `.dtype`, `.data` for a
-                constant) or None where absent; raise ValueError to refuse a node
+                constant) or None where absent; raise ValueError to refuse a node (a rule
+                with a `node` parameter also gets the node, e.g. for npurun's own helpers)
     macs        multiply-accumulates: a number per element of the first result, or
                 `macs(attrs, in_shapes, out_shapes) -> int`
     bytes       `bytes(attrs, ins, outs) -> int` with (shape, dtype) pairs (None if absent);
@@ -385,7 +386,7 @@ def _infer(op_name: str, inputs: tuple, rule, dtypes: dict):
                 raise VerifyError(f"{node.label()}: operand {role} ({node.inputs[i]!r}) has dtype {v.dtype}; "
                                   f"{op_name} expects {' or '.join(allowed) if not isinstance(allowed, str) else allowed}")
         try:
-            out = _apply_rule(rule, ins, a, len(node.outputs))
+            out = _apply_rule(rule, ins, a, len(node.outputs), node)
         except NpurunError as e:
             raise VerifyError(f"{node.label()}: {e}") from None
         except ValueError as e:
@@ -397,7 +398,7 @@ def _infer(op_name: str, inputs: tuple, rule, dtypes: dict):
     return infer
 
 
-def _apply_rule(rule, ins, a, n_out):
+def _apply_rule(rule, ins, a, n_out, node):
     present = [v for v in ins if v is not None]  # "same" and "broadcast" follow the first present
     if rule == "same":
         return [(present[0].shape, present[0].dtype)] * n_out
@@ -409,7 +410,16 @@ def _apply_rule(rule, ins, a, n_out):
                 raise ValueError("operand shapes " + ", ".join(str(list(v.shape)) for v in present)
                                  + " do not broadcast")
         return [(shape, present[0].dtype)] * n_out
+    if "node" in _params(rule):  # a rule may take the node, for helpers that name it
+        return list(rule(ins, a, node=node))
     return list(rule(ins, a))
+
+
+def _params(fn) -> tuple:
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return ()
 
 
 def _checked(node, op_name, out) -> list:

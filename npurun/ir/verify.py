@@ -58,8 +58,10 @@ def verify(g: Graph, *, where: str = "", outer: frozenset = frozenset(), scope: 
                    scope=(scope + " > " if scope else "") + f"{n.label()} {rname}")
         for i, nm in enumerate(n.inputs):
             if not nm:
-                if i < lo:
-                    fail(f"{n.label()}: required operand {i} ({d.inputs[i]}) is absent")
+                # A required role may follow optional ones (com.microsoft ops have such).
+                role = d.inputs[min(i, len(d.inputs) - 1)] if d.inputs else ""
+                if i < len(d.inputs) and not role.endswith(("?", "*")):
+                    fail(f"{n.label()}: required operand {i} ({role}) is absent")
                 continue
             if nm not in g.values:
                 fail(f"{n.label()}: operand {i} {nm!r} is not a declared value")
