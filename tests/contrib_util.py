@@ -66,6 +66,23 @@ def run_all(m, feeds, tmp_path, backends=BACKENDS):
     return want, got
 
 
+def check_like(m, oracle, feeds, tmp_path, *, atol=1e-5, rtol=1e-5, backends=BACKENDS):
+    """For ops ONNX Runtime runs on CUDA only: npurun on `m` equals ONNX Runtime on `oracle`, the
+    same computation written in standard ONNX ops (same input and output names)."""
+    path = tmp_path / "m.onnx"
+    onnx.save(m, path)
+    g = npurun.load(path)
+    sess = ort.InferenceSession(oracle.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in oracle.graph.output]
+    want = dict(zip(names, sess.run(names, feeds)))
+    for b in backends:
+        got = npurun.Executor(device=b).run_sync(g, feeds)
+        for k, w in want.items():
+            assert got[k].shape == w.shape and got[k].dtype == w.dtype, f"{b} {k}"
+            np.testing.assert_allclose(got[k], w, atol=atol, rtol=rtol, err_msg=f"{b} {k}")
+    return want
+
+
 def check(m, feeds, tmp_path, *, atol=1e-5, rtol=1e-5, steps=None, backends=BACKENDS):
     """Every output of every backend equals ONNX Runtime's: within atol/rtol for floats,
     within `steps` quantization steps for integer outputs (0 when None: exact), at most 1% of
