@@ -3,7 +3,9 @@
 With onnx >= 1.16 the node cases are built in memory (`onnx.backend.test.case.node`); older
 releases shipped them on disk as `model.onnx` + `test_data_set_0/{input,output}_*.pb`, which
 `disk_cases` reads. Outputs are compared like the suite does: rtol/atol from the case
-(1e-3 / 1e-7 unless it says otherwise), dtypes equal, NaNs in the same places.
+(1e-3 / 1e-7 unless it says otherwise), dtypes equal, NaNs in the same places. A case whose
+expected values are one random generator's stream (NOT_COMPARABLE) is compared in dtypes and
+shapes only and reported as failing, "not comparable", with why.
 
     python tests/conformance/runner.py [--device reference] [--filter SUBSTRING] [--failures]
 """
@@ -70,6 +72,21 @@ def _arrays(values: list) -> list:
     return out
 
 
+# Cases whose expected values are one particular generator's random stream, which no other
+# generator (npurun's included) reproduces: ONNX leaves the generator to the implementation.
+# Their dtypes and shapes are compared; they still count as failing, with this reason.
+# (tests/test_ops_random.py checks npurun's draws statistically.)
+_UNSEEDED = ("expected values are unseeded draws of NumPy's global generator "
+             "(np.random.binomial in onnx's test generator); not reproducible")
+_MT19937 = ("expected mask is NumPy's legacy MT19937 stream after np.random.seed(0) in onnx's test "
+            "generator; npurun draws from PCG64")
+NOT_COMPARABLE = {
+    **{f"test_bernoulli{s}": _UNSEEDED for s in ("", "_expanded", "_double", "_double_expanded",
+                                                 "_seed", "_seed_expanded")},
+    **{f"test_training_dropout{s}": _MT19937 for s in ("", "_mask", "_default", "_default_mask")},
+}
+
+
 def compare(got, expected, case) -> str | None:
     """None when `got` matches `expected` (a tensor, a list of them, or None)."""
     if expected is None or got is None:
@@ -83,6 +100,8 @@ def compare(got, expected, case) -> str | None:
         return f"dtype {got.dtype}, expected {expected.dtype}"
     if got.shape != expected.shape:
         return f"shape {got.shape}, expected {expected.shape}"
+    if case.name in NOT_COMPARABLE:
+        return None
     if expected.dtype.kind in "fc" or expected.dtype.name in ("bfloat16",) or expected.dtype.name.startswith("float8"):
         # ml_dtypes floats (kind "V") are compared as floats too, in float32.
         np.testing.assert_allclose(got.astype(np.float32) if got.dtype.kind == "V" else got,
@@ -117,6 +136,8 @@ def run_case(case: Case, device: str = "reference") -> str | None:
                     problem = compare(g, e, case)
                     if problem:
                         return problem
+        if case.name in NOT_COMPARABLE:
+            return f"not comparable (dtypes and shapes match): {NOT_COMPARABLE[case.name]}"
     except AssertionError as e:
         return "wrong values: " + " ".join(str(e).split())[:200]
     except npurun.NpurunError as e:

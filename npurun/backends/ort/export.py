@@ -58,6 +58,9 @@ def exportable(node) -> str | None:
     """None when the node exports; else why not."""
     if node.op in NOT_EXPORTED:
         return f"{node.op} is not exported to ONNX"
+    if "random" in OPS[node.op].groups:  # (ir/ops/random.py)
+        return (f"{node.op} draws npurun's random stream on every backend (ONNX Runtime's "
+                f"generator gives other values for the same seed)")
     s = schema(node.op)
     if s is None:
         return f"ONNX (up to opset {MAX_OPSET}) has no op {onnx_op(node.op)}"

@@ -1,4 +1,5 @@
-"""Elementwise ONNX ops: unary, binary, comparisons, activations, Clip, Cast, variadic Max/Min/Sum."""
+"""Elementwise ONNX ops: unary, binary, comparisons, activations, Clip, Cast, variadic Max/Min/Sum.
+(Dropout, identity in inference, is with the random ops: random.py.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -37,17 +38,6 @@ def _same(ir_op):
 
 for _onnx, _ir in _SAME.items():
     converter(_onnx)(_same(_ir))
-
-
-@converter("Dropout")
-def Dropout(ctx: Ctx):
-    """Inference: Dropout is the identity (its mask output is not supported)."""
-    if len([o for o in ctx.node.output if o]) > 1:
-        raise ConvertError("Dropout's mask output is not supported")
-    training = ctx.const_input(2) if ctx.input(2) else None
-    if ctx.input(2) and (training is None or bool(training)):
-        raise ConvertError("training-mode Dropout (random masks) is not supported")
-    ctx.emit("identity", [ctx.input(0)], [ctx.output(0)])
 
 
 @converter("Clip")
