@@ -175,12 +175,16 @@ SPECS: list[Spec] = [
     _hf("hubert_base_dynamo", D, "speech", "HubertConfig", {}, "HubertModel", _aud()),
     # ---- tf2onnx exports of Keras applications (NHWC, weights=None)
     _keras("keras_resnet50", "ResNet50", 224),
+    _keras("keras_resnet50_v2", "ResNet50V2", 224),
+    _keras("keras_mobilenet", "MobileNet", 224),
     _keras("keras_mobilenet_v2", "MobileNetV2", 224),
     _keras("keras_mobilenet_v3_small", "MobileNetV3Small", 224),
+    _keras("keras_mobilenet_v3_large", "MobileNetV3Large", 224),
     _keras("keras_efficientnet_b0", "EfficientNetB0", 224),
+    _keras("keras_efficientnet_v2_b0", "EfficientNetV2B0", 224),
     _keras("keras_densenet121", "DenseNet121", 224),
     _keras("keras_inception_v3", "InceptionV3", 299),
-    _keras("keras_xception", "Xception", 224),
+    _keras("keras_xception", "Xception", 299),
     _keras("keras_nasnet_mobile", "NASNetMobile", 224),
     # ---- shipped inside PyPI wheels (other people's exports)
     _pypi("silero_vad", "speech", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",

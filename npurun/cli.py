@@ -161,34 +161,57 @@ def cmd_ir(args) -> int:
 
 
 def cmd_ops_report(args) -> int:
-    """For every node: the backend that runs it and, where the device's own backend does not,
-    why (the docstring of the rule that said no)."""
+    """For every node of the model: the backend that runs it and, where the device's own
+    backend does not, why (the docstring of the rule that said no); a node the device's pass
+    pipeline folded, fused or removed says so."""
     from .backends import get_backend
     from .frontend import load
+    from .passes.pipeline import prepare
     graph = load(args.model)
     backend = get_backend(args.device, 1)
-    program = backend.compile(graph)
-    fused = getattr(program, "fused", {})
+    lowered = prepare(graph, args.device)
+    backend.compile(lowered)  # (what a run would compile: it must compile)
+    by_name = {n.name: n for n in lowered.nodes if n.name}
+    by_out = {o: n for n in lowered.nodes for o in n.outputs}
     rows, counts = [], {}
     for i, n in enumerate(graph.nodes):
-        ok, why = backend.supports(n, graph)
-        taker = backend.name
-        if id(n) in fused:
-            why = f"fused into {fused[id(n)].label()} (its epilogue)"
-        elif not ok:
-            taker = backend.fallback or "none"
-            if backend.fallback:
-                ok2, why2 = get_backend(backend.fallback).supports(n, graph)
-                if not ok2:
-                    taker, why = "none", f"{why} {backend.fallback}: {why2}"
+        low = by_name.get(n.name) if n.name else by_out.get(n.outputs[0]) if n.outputs else None
+        if low is not None and (low.op == n.op or low.name == n.name):
+            taker, why = _taker(backend, low, lowered)
+            if low.op != n.op or low.attrs.get("activation"):
+                why = (f"runs as {_describe_node(low)}; " + why).rstrip("; ")
+        elif n.outputs and n.outputs[-1] in by_out:
+            taker, why = "-", f"fused into {by_out[n.outputs[-1]].label()}"
+        elif n.outputs and all(o in lowered.values and lowered.values[o].is_const for o in n.outputs):
+            taker, why = "-", "folded: computed once, before any run"
+        else:
+            taker, why = "-", "removed by the passes (a no-op, dead, or part of a fused node)"
         counts[taker] = counts.get(taker, 0) + 1
         rows.append((str(i), n.name or "-", n.full_op, taker, why))
     widths = [max(len(r[k]) for r in rows + [("#", "node", "op", "backend", "")]) for k in range(4)]
     print("  ".join(h.ljust(w) for h, w in zip(("#", "node", "op", "backend"), widths)) + "  why")
     for r in rows:
         print(("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4]).rstrip())
-    print(f"{len(rows)} nodes on {args.device}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    print(f"{len(rows)} nodes on {args.device}: " + ", ".join(f"{'passes' if k == '-' else k} {v}"
+                                                          for k, v in counts.items())
+          + f"; {len(lowered.nodes)} after the pass pipeline")
     return 0
+
+
+def _taker(backend, node, graph) -> tuple[str, str]:
+    from .backends import get_backend
+    ok, why = backend.supports(node, graph)
+    if ok:
+        return backend.name, ""
+    if not backend.fallback:
+        return "none", why
+    ok2, why2 = get_backend(backend.fallback).supports(node, graph)
+    return (backend.fallback, why) if ok2 else ("none", f"{why} {backend.fallback}: {why2}")
+
+
+def _describe_node(n) -> str:
+    act = n.attrs.get("activation")
+    return f"{n.op} with {act} in its epilogue" if act else n.op
 
 
 def cmd_info(args) -> int:

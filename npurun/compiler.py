@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import NpurunError
 from .ir.graph import Graph
-from .passes.pipeline import pipeline_for, run_pipeline
+from .passes.pipeline import run_pipeline, standard_pipeline
 from .passes.select_precision import select_precision
 from .precision import POLICIES, PrecisionError
 from .precision.calibrate import calibrate, feeds_from
@@ -40,7 +40,7 @@ def compile(model, precision: str = "auto", calibration=None, overrides=None, ta
         g = copy.deepcopy(model)
     else:
         raise NpurunError(f"npurun.compile: expected a model path or a Graph, got {type(model).__name__}")
-    g = run_pipeline(g, pipeline_for(target), verify_each=verify_each)
+    g = run_pipeline(g, standard_pipeline(), verify_each=verify_each)
     shapes: dict = {}  # every tensor's shape on the first calibration input
     if calibration is None and precision not in _NO_RANGES:
         calibration = DEFAULT_CALIBRATION

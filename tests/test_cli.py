@@ -140,17 +140,16 @@ def test_ops_report_explains_every_node(tmp_path, rng):
     backend = {k: v.split()[3] for k, v in rows.items()}
     assert "fused into node 'dense'" in rows["act"]
     from npurun.backends.cpu import native
-    if native.LIB is not None:  # the compiled kernels take depthwise convs and fuse the gate
-        assert backend == {"dense": "cpu", "act": "cpu", "depthwise": "cpu", "gate": "cpu"}
-        assert "fused into node 'depthwise'" in rows["gate"]
-        assert r.stdout.splitlines()[-1] == "4 nodes on cpu: cpu 4"
+    assert "fused into node 'depthwise'" in rows["gate"] and "sigmoid in its epilogue" in rows["depthwise"]
+    if native.LIB is not None:  # the compiled kernels take depthwise convs
+        assert backend == {"dense": "cpu", "act": "-", "depthwise": "cpu", "gate": "-"}
+        assert r.stdout.splitlines()[-1] == "4 nodes on cpu: cpu 2, passes 2; 2 after the pass pipeline"
     else:
-        assert backend == {"dense": "cpu", "act": "cpu", "depthwise": "reference", "gate": "reference"}
+        assert backend == {"dense": "cpu", "act": "-", "depthwise": "reference", "gate": "-"}
         assert "grouped or depthwise convolution" in rows["depthwise"].lower()
-        assert "has no kernel of its own" in rows["gate"]
         assert r.stdout.splitlines()[-1] == "4 nodes on cpu: cpu 2, reference 2"
     r = run("ops-report", tmp_path / "m.onnx", "--device", "reference")
-    assert r.stdout.splitlines()[-1] == "4 nodes on reference: reference 4"
+    assert r.stdout.splitlines()[-1] == "4 nodes on reference: reference 4; 4 after the pass pipeline"
 
 
 def nonzero(rng, shape):

@@ -57,7 +57,7 @@ def test_conv_then_activation_is_fused_only_when_safe(rng):
         g.values[nm].data = nonzero_normal(rng, shape)
     g.inputs = ["x"]
     prog = npurun.Executor("cpu", parallelism=2).compile(g)
-    labels = [(s[0].name, s[2].get("_act")) for s in prog.steps]
+    labels = [(n.name, n.attrs.get("activation") or None) for n in prog.graph.nodes]
     assert labels == [("c1", "tanh"), ("c2", None), ("r2", None), ("a2", None)]  # u has two readers
     x = nonzero_normal(rng, (1, 2, 6, 6))
     want = npurun.Executor("reference").run_sync(g, {"x": x})["out"]

@@ -176,7 +176,7 @@ def test_silu_and_clip_fuse_into_conv_and_match_reference(rng):
     g.values["lo"].data, g.values["hi"].data = np.array(-0.3, np.float32), np.array(0.4, np.float32)
     g.inputs = ["x"]
     prog = npurun.Executor("cpu", parallelism=2).compile(g)
-    assert [(s[0].name, s[2].get("_act")) for s in prog.steps] == [("c1", "silu"), ("c2", "clip")]
+    assert [(n.name, n.attrs.get("activation")) for n in prog.graph.nodes] == [("c1", "swish"), ("c2", "clip")]
     x = nonzero_normal(rng, (1, 3, 9, 20))
     want = npurun.Executor("reference").run_sync(g, {"x": x})["out"]
     for _ in range(2):  # the second run uses the packed weights of the first

@@ -107,7 +107,7 @@ def test_conv1d_small_path_with_fused_activation(rng, act, c, length, m, k, pad,
     class Prog:  # the 2-D fallback is not taken at these sizes
         def _conv(self, *a, **kw):
             raise AssertionError("small 1-D conv left the im2col path")
-    got = conv1d.make(Prog())(x, w, b, _act=act, _act_attrs={}, **win)
+    got = conv1d.make(Prog())(x, w, b, activation=act or "", activation_params=[], **win)
     want = REF["conv"](x, w, b, **win)
     want = want if act is None else REF[act](want)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

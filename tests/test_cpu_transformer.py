@@ -1,5 +1,6 @@
-"""The cpu backend's transformer kernels (csrc/transformer.c through cpu/ops/transformer.py and
-cpu/ops/matmul.py) and fusions (cpu/fuse_transformer.py) against the reference kernels, on
+"""The cpu backend's transformer kernels (csrc/transformer.c through cpu/ops/transformer.py,
+cpu/ops/matmul.py and cpu/ops/fused.py) and the pipeline's fusions (passes/fuse_gelu.py,
+fuse_masked_softmax.py, fuse_matmul_add.py, sink_gather.py) against the reference kernels, on
 fresh random non-zero inputs: erf and GELU (with saturated and special values), LayerNorm
 (ranks, axes, broadcast scale, no bias, 1 and 2 threads), softmax with and without a
 broadcast mask and the NaN-row fix, the packed-weight sgemm with bias/residual epilogues
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 
 import npurun
-from npurun.backends.cpu import fuse_transformer, native
+from npurun.backends.cpu import native
+from npurun.backends.cpu.ops import fused as F
 from npurun.backends.cpu.ops import matmul as MM
 from npurun.backends.cpu.ops import transformer as T
 from npurun.backends.reference.kernels import KERNELS
@@ -31,9 +33,13 @@ def prog(threads):
 
 
 def compile_fused(g, threads=1):
-    """A cpu program as the backend compiles it: fuse_transformer's rewrites run before
-    fuse.py's (whose elementwise chains would otherwise take the tail of the GELU chain)."""
+    """A cpu program as every entry point compiles it: the graph through the cpu pipeline."""
     return npurun.Executor("cpu", parallelism=threads).compile(g)
+
+
+def masked_softmax(p, nan_to, x, mask):
+    return F.KERNELS["masked_softmax"](p)(x, mask, axis=-1, nan_fix=int(nan_to is not None),
+                                           nan_value=0.0 if nan_to is None else nan_to)
 
 
 @pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 128, 96), (1, 17, 1, 9)])
@@ -118,14 +124,14 @@ def test_masked_softmax_matches_reference(rng, shapes, threads):
     p = prog(threads)
     with np.errstate(invalid="ignore"):
         want = KERNELS["softmax"](x if mask is None else x + mask, axis=-1)
-        got = fuse_transformer._masked_softmax(p, None, x, mask)
+        got = masked_softmax(p, None, x, mask)
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
-        fixed = fuse_transformer._masked_softmax(p, 0.25, x, mask)
+        fixed = masked_softmax(p, 0.25, x, mask)
     np.testing.assert_allclose(fixed, np.where(np.isnan(want), np.float32(0.25), want), rtol=2e-6, atol=1e-7)
     assert fixed.dtype == np.float32
     if mask is not None:  # the add is commutative: the mask may come first
         with np.errstate(invalid="ignore"):
-            np.testing.assert_allclose(fuse_transformer._masked_softmax(p, None, mask, x), want, rtol=2e-6, atol=1e-7)
+            np.testing.assert_allclose(masked_softmax(p, None, mask, x), want, rtol=2e-6, atol=1e-7)
 
 
 def test_softmax_rows_with_nan_or_inf_come_out_nan_like_the_reference():
@@ -305,15 +311,20 @@ def test_encoder_graph_fuses_every_pattern_and_matches_reference(rng, threads):
     rows = _dequant_embedding(g, rng)
     g.inputs = ["ids", "mask"]
     p = compile_fused(g, threads)
-    names = {s[0].name: s[0].op for s in p.steps}
-    assert names.get("ge") == "gelu" and names.get("sx") == "softmax" and names.get("emb") == "gather"
-    assert not {"gd", "ga", "gm", "gx", "mk", "nn", "wh", "dq_cast", "dq_mul", "fb1", "fb2", "res", "qb"} & set(names)
+    names = {n.name: n.op for n in p.graph.nodes}
+    assert names.get("ge") == "gelu" and names.get("sx") == "masked_softmax" and names.get("emb") == "gather"
+    assert not {"gd", "ga", "gm", "gx", "mk", "nn", "wh", "fb1", "fb2", "res", "qb"} & set(names)
+    # the int8 table is gathered first, then dequantized: the cast reads the gathered rows
+    assert [n.inputs[0] for n in p.graph.nodes if n.op == "cast"] == [next(n.outputs[0] for n in p.graph.nodes
+                                                                           if n.op == "gather" and n.inputs[0] == "embq")]
     ids = rng.integers(-rows, rows, (1, 6)).astype(np.int64)  # (negative: counted from the end)
     mask = np.where(rng.random((1, 1, 1, 6)) < 0.3, -np.inf, 0.0).astype(np.float32)
     want = npurun.Executor("reference").run_sync(g, {"ids": ids, "mask": mask})["out"]
     for _ in range(2):
         np.testing.assert_allclose(p.run({"ids": ids, "mask": mask})["out"], want, rtol=1e-4, atol=1e-4)
-    assert fuse_transformer.fuse(p) == {}  # a second pass finds nothing left to fuse
+    from npurun.passes.pipeline import prepare
+    again = prepare(p.graph, "cpu")  # a second pipeline finds nothing left to fuse
+    assert npurun.print_graph(again) == npurun.print_graph(p.graph)
 
 
 def test_chains_with_other_readers_or_constants_do_not_fuse(rng):
@@ -323,8 +334,8 @@ def test_chains_with_other_readers_or_constants_do_not_fuse(rng):
     g.outputs = ["out", "sm"]  # the masked scores are an output: the add stays
     g.inputs = ["ids", "mask"]
     p = compile_fused(g)
-    steps = {s[0].name: s[0] for s in p.steps}
-    assert steps["ge"].op == "erf" and steps["sx"].inputs == ["sm"]  # (the add went with QKᵀ)
+    steps = {n.name: n for n in p.graph.nodes}
+    assert steps["ge"].op == "erf" and steps["sx"].op == "masked_softmax" and steps["sx"].inputs == ["sm"]  # (the add went with QKᵀ)
     feeds = {"ids": rng.integers(0, 50, (1, 6)).astype(np.int64), "mask": nonzero_normal(rng, (1, 1, 1, 6))}
     want = npurun.Executor("reference").run_sync(g, feeds)
     got = p.run(feeds)
@@ -344,11 +355,11 @@ def test_minilm_int8_fused_matches_onnxruntime(threads):
              "token_type_ids": np.zeros((1, 128), np.int64)}
     p = compile_fused(npurun.load(path), threads)
     p.run(feeds)  # (packs the weights: all 36 are int8 per column, dequantized at import)
-    caches = [s[1].args[1] for s in p.steps if s[0].op == "matmul" and getattr(s[1], "args", None) and s[1].args[1]]
+    caches = [s[1].cache for s in p.steps if hasattr(s[1], "cache")]
     assert len(caches) == 36 and all(c["bq"] is not None for c in caches)
-    assert sum(s[0].op == "gelu" for s in p.steps) == 6
-    assert sum(s[0].op == "softmax" and len(s[0].inputs) == 2 for s in p.steps) == 6
-    assert not any(s[0].op == "cast" and s[0].inputs[0].endswith("word_embeddings.weight_q") for s in p.steps)
+    assert sum(n.op == "gelu" for n in p.graph.nodes) == 6
+    assert sum(n.op == "masked_softmax" and len(n.inputs) == 2 for n in p.graph.nodes) == 6
+    assert not any(n.op == "cast" and n.inputs[0].endswith("word_embeddings.weight_q") for n in p.graph.nodes)
     got = p.run(feeds)
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
     for g_, w_ in zip(got.values(), want):

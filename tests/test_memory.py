@@ -273,7 +273,7 @@ def test_no_workspace_runs_unplanned(espcn):
     for exe in (Executor("cpu", cascade=False), Executor("reference"), Executor("cpu")):
         # (the cpu default cascades only chains bigger than its workspace; 8x8 is not)
         program, plan = exe.planned(espcn, {"input": np.ones((1, 1, 8, 8), np.float32)})
-        assert plan is None and program is exe.compile(espcn)
+        assert plan is None and program is exe.compile(espcn, {"input": (1, 1, 8, 8)})
 
 
 def test_cpu_default_cascades_big_chains(espcn, rng):

@@ -1,5 +1,6 @@
-"""The per-node and per-run overhead cuts of backends/base.py and the scheduler, checked by
-counting (steps, kernel calls, input checks, threads), never by wall-clock time."""
+"""The per-node and per-run overhead cuts of backends/base.py and the scheduler, and the
+pipeline's folding that every entry point runs, checked by counting (nodes, steps, kernel
+calls, input checks, threads), never by wall-clock time."""
 import threading
 import time
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 import npurun
-from npurun.backends import base
+from npurun.backends import base, get_backend
 from npurun.errors import InputError, NpurunError
 from npurun.ir import parse
 
@@ -55,16 +56,26 @@ def _feeds(rng, c):
     return {"x": nonzero_normal(rng, (2, 6)), "c": np.array(c)}
 
 
-def test_cpu_program_folds_constant_chains_and_matches_reference(rng):
+def _raw(g, threads=1):
+    """The cpu Program of `g` exactly as written (no pipeline): the loop's own behaviour."""
+    return get_backend("cpu", threads).compile(g)
+
+
+def _if_step(prog):
+    return next(s for s in prog.steps if s[0].op == "if")
+
+
+def test_pipeline_folds_constant_chains_also_in_regions_and_matches_reference(rng):
     g = _graph(rng)
     cpu, ref = npurun.Executor("cpu", parallelism=1), npurun.Executor("reference")
     prog = cpu.compile(g)
-    # slice, slice, concat fold; `shape` of a static value is an output, so it stays a step
-    # (an output must be a fresh array per run).
-    assert prog.folded == 3 and [s[0].op for s in prog.steps] == ["matmul", "shape", "identity", "if"]
-    then = prog.subprograms[id(prog.steps[3][0])]["then_branch"]
-    assert then.folded == 2 and [s[0].op for s in then.steps] == ["matmul"]  # slice of captured wc, transpose
-    assert ref.compile(g).folded == 0 and len(ref.compile(g).steps) == len(g.nodes)  # reference: as written
+    # slice, slice, concat fold; `shape` of a static value folds (an output: copied per run);
+    # the identity goes (its readers, the branch included, read h)
+    assert [n.op for n in prog.graph.nodes] == ["matmul", "if"]
+    then = prog.subprograms[id(_if_step(prog)[0])]["then_branch"]
+    assert [s[0].op for s in then.steps] == ["matmul"]  # slice of the captured wc, transpose: folded
+    assert len(ref.compile(g).steps) == len(g.nodes)  # the reference runs the graph as written
+    assert len(g.nodes) == 7  # and the caller's graph is not modified
     for c in (True, False):
         f = _feeds(rng, c)
         got, want = cpu.run_sync(g, f), ref.run_sync(g, f)
@@ -74,9 +85,9 @@ def test_cpu_program_folds_constant_chains_and_matches_reference(rng):
 
 
 def test_plan_kinds_alias_identity_and_call_if_branches_directly(rng):
-    prog = npurun.Executor("cpu", parallelism=1).compile(_graph(rng))
+    prog = _raw(_graph(rng))
     kinds = [p[0] for p in prog._plan_steps()]
-    assert kinds == [base._CALL, base._CALL, base._ALIAS, base._IF]
+    assert kinds == [base._CALL] * 5 + [base._ALIAS, base._IF]
     old = prog._plan_steps()
     prog.steps = list(prog.steps)
     assert prog._plan_steps() is old  # cached while the entries of `steps` are the same
@@ -86,8 +97,7 @@ def test_plan_kinds_alias_identity_and_call_if_branches_directly(rng):
 
 
 def test_each_step_calls_its_kernel_once_and_inputs_are_checked_once_per_signature(rng, monkeypatch):
-    g = _graph(rng)
-    prog = npurun.Executor("cpu", parallelism=1).compile(g)
+    prog = _raw(_graph(rng))
     calls = {"check": 0, "kernel": 0}
     real_check = base.check_inputs
 
@@ -104,7 +114,7 @@ def test_each_step_calls_its_kernel_once_and_inputs_are_checked_once_per_signatu
     prog.steps = steps
     for _ in range(5):
         prog.run(_feeds(rng, True))
-    assert calls == {"check": 1, "kernel": 5 * 3}  # matmul, shape, if (the identity is an alias)
+    assert calls == {"check": 1, "kernel": 5 * 6}  # all but the identity (an alias)
     with pytest.raises(InputError, match="dtype"):  # a new signature is checked, and refused
         prog.run({"x": nonzero_normal(rng, (2, 6)).astype(np.float64), "c": np.array(True)})
     with pytest.raises(InputError, match="dtype"):
@@ -113,14 +123,14 @@ def test_each_step_calls_its_kernel_once_and_inputs_are_checked_once_per_signatu
 
 
 def test_values_are_freed_after_their_last_reader(rng):
-    prog = npurun.Executor("cpu", parallelism=1).compile(_graph(rng))
+    prog = _raw(_graph(rng))
     live = []  # the run's value names when the `if` starts
-    real = prog.subprograms[id(prog.steps[3][0])]["then_branch"].call
+    real = prog.subprograms[id(_if_step(prog)[0])]["then_branch"].call
 
     def spy(inputs, outer):
         live.append(set(outer))
         return real(inputs, outer)
-    prog.subprograms[id(prog.steps[3][0])]["then_branch"].call = spy
+    prog.subprograms[id(_if_step(prog)[0])]["then_branch"].call = spy
     prog.run(_feeds(rng, True))
     # h was last read by `shape` and the identity: gone; h2 (captured by the branch) still there.
     assert "h2" in live[0] and "h" not in live[0] and "x" in live[0]
@@ -157,7 +167,7 @@ def test_run_sync_runs_on_the_calling_thread_and_task_threads_are_reused(rng):
 
 def test_a_failing_kernel_in_a_region_names_its_node(rng):
     prog = npurun.Executor("cpu", parallelism=1).compile(_graph(rng))
-    then = prog.subprograms[id(prog.steps[3][0])]["then_branch"]
+    then = prog.subprograms[id(_if_step(prog)[0])]["then_branch"]
 
     def boom(*a, **k):
         raise ZeroDivisionError("inner")

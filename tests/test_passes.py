@@ -13,14 +13,16 @@ import npurun
 from npurun.backends import get_backend
 from npurun.errors import PassError
 from npurun.ir import parse, print_graph, verify
+from npurun.ir.dtypes import to_numpy
 from npurun.ir.graph import Node
-from npurun.passes.pipeline import PIPELINES, pass_name, pipeline_for, run_pipeline
+from npurun.passes.pipeline import PIPELINES, pass_name, pipeline_for, run_pipeline, standard_pipeline
 
 from conftest import nonzero_normal
 
 CASES = Path(__file__).parent / "passes"
 PASSES = ["eliminate_dead_code", "simplify_shapes", "remove_noops", "fold_batchnorm", "fuse_ops",
-          "layout_block4x4", "layout_nchwc"]
+          "layout_block4x4", "layout_nchwc", "fold_affine", "fuse_hard_swish", "fuse_swish", "fuse_gelu",
+          "fuse_activation", "fuse_masked_softmax", "fuse_matmul_add", "sink_gather", "fuse_affine_chain"]
 ESPCN = Path(npurun.__file__).parent / "zoo" / "espcn_x3.onnx"
 
 
@@ -39,7 +41,9 @@ def _feeds(g, rng, sizes=None):
     for nm in g.inputs:
         v = g.values[nm]
         shape = tuple(d if isinstance(d, int) else sizes[d] for d in v.shape)
-        out[nm] = nonzero_normal(rng, shape, np.dtype(v.dtype if v.dtype != "f32" else "float32"))
+        dt = to_numpy(v.dtype)
+        # integers are small and non-negative: indices (a gather's ids) stay in range
+        out[nm] = rng.integers(0, 3, shape).astype(dt) if dt.kind in "iu" else nonzero_normal(rng, shape, dt)
     return out
 
 
@@ -165,7 +169,8 @@ def _each_pass_then_pipeline(g_loader, feeds, rtol):
         _assert_same(want, _run(g, feeds), rtol)
     g = run_pipeline(g_loader(), pipeline_for("cpu"), verify_each=True)
     _assert_same(want, _run(g, feeds), rtol)
-    laid_out = run_pipeline(g_loader(), pipeline_for("cpu") + [_pass("layout_block4x4"), _pass("layout_nchwc")],
+    # (the layouts are another lowering: after the standard passes, instead of the cpu's fusions)
+    laid_out = run_pipeline(g_loader(), standard_pipeline() + [_pass("layout_block4x4"), _pass("layout_nchwc")],
                             verify_each=True)
     _assert_same(want, _run(laid_out, feeds), rtol)
     return g, laid_out

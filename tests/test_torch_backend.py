@@ -134,7 +134,7 @@ op concat (n: [1] i64, m: [1] i64 -> t: [2] i64) axis=0
 op reshape (x: [2, 3, 4] f32, t: [2] i64 -> y: [2, 12] f32)
 output y: [2, 12] f32
 """)
-    prog = npurun.Executor(DEVICE).compile(g)
+    prog = get_backend(DEVICE).compile(g)  # as written: the pipeline would fold the arithmetic away
     assert {"s", "n", "t"} <= prog.host_values and "y" not in prog.host_values
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     np.testing.assert_array_equal(prog.run({"x": x})["y"], x.reshape(2, 12))

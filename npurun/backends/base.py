@@ -29,6 +29,11 @@ class Backend:
     # docstring of the first rule that says no is the reason `npurun ops-report` shows.
     rules: tuple = ()
     fallback: str | None = None  # the backend that takes what this one refuses
+    # Compile a graph with symbolic input dims once per concrete input shapes met, so its
+    # shape arithmetic folds (the Executor's cache, passes/pipeline.py `prepare`). The ort
+    # backend does not: ONNX Runtime checks every If branch against static shapes, even a
+    # branch no run takes (silero-vad's 8 kHz path fails for 512 samples at 16 kHz).
+    specializes: bool = True
 
     def __init__(self, target: str | None = None, parallelism: int = 1):
         self.target, self.parallelism = target, parallelism
@@ -111,19 +116,15 @@ class Program:
 
     The plan is rebuilt whenever `steps` is replaced or any of its entries changes.
 
-    Programs of the backends in FOLDING also fold at compile time every node whose inputs are
-    all known before a run (constants, constants of the enclosing graphs a region captures,
-    results folded before it, `shape`/`size` of a value whose shape is static), computed by
-    the node's own kernel, so the result is exactly what running it would give. Exporters emit
-    long chains of those (silero-vad's LSTM slices its weights into gates and concatenates
-    them back on every run).
+    A Program runs the graph it is given as it is: folding, fusion and every other rewrite
+    are passes (npurun/passes), which every entry point runs before compiling. A graph output
+    that is a constant is copied on each run (a caller may write into what it gets).
     """
 
-    def __init__(self, graph: Graph, kernels: dict, backend: str, known: dict | None = None):
+    def __init__(self, graph: Graph, kernels: dict, backend: str):
         self.graph = graph
         self.backend = backend
         self.kernels = kernels
-        folding = backend in FOLDING
         # A node reads its inputs and whatever its regions capture from this graph.
         reads = [list(n.inputs) + [c for r in n.regions.values() for c in r.captures()] for n in graph.nodes]
         last_use: dict[str, int] = {}
@@ -134,26 +135,16 @@ class Program:
         keep = set(graph.outputs) | set(graph.inputs)
         self.consts = {v.name: v.data for v in graph.constants()}
         captures = graph.captures()
-        # Values known before any run: this graph's constants and, in a region, the enclosing
-        # graphs' constants (and folded values) it captures.
-        known = {**{nm: known[nm] for nm in captures if known and nm in known}, **self.consts} if folding else {}
-        folded: dict[str, np.ndarray] = {}
         self.steps = []
         self.subprograms: dict[int, dict[str, Program]] = {}
         for i, n in enumerate(graph.nodes):
-            fn = kernels.get(n.op)
+            fn = self.lower(n, kernels.get(n.op))
             if fn is None:
                 raise BackendError(f"{graph.source}: {n.label()}: backend {backend} has no kernel for {n.op}")
             if n.precision not in (None, "f32"):  # fp16 rounding, int8 arithmetic, ... exactly
                 from ..precision.emulate import emulating
                 fn = emulating(n, fn, graph)
             attrs = OPS[n.op].attrs_of(n)
-            if folding and not keep.intersection(n.outputs):
-                res = _fold(n, fn, attrs, known, graph)
-                if res is not None:
-                    known.update(res)
-                    folded.update(res)
-                    continue
             dead = [nm for nm in dict.fromkeys(reads[i]) if nm and last_use.get(nm) == i
                     and nm not in keep and nm in graph.values and not graph.values[nm].is_const]
             dead += [o for o in n.outputs if o not in last_use and o not in keep]
@@ -161,27 +152,28 @@ class Program:
             if n.regions:
                 for r in n.regions.values():
                     r.source = graph.source
-                self.subprograms[id(n)] = {k: self._subprogram(r, known) for k, r in n.regions.items()}
-        # Folded values a remaining step (or a region of one) still reads become constants.
-        needed = set(graph.outputs)
-        for n, *_ in self.steps:
-            needed.update(n.inputs)
-            for r in n.regions.values():
-                needed.update(r.captures())
-        self.consts.update({nm: v for nm, v in folded.items() if nm in needed})
-        self.folded = len(folded)
-        self.captured = [nm for nm in captures if nm in needed and nm not in self.consts]
+                self.subprograms[id(n)] = {k: self._subprogram(r) for k, r in n.regions.items()}
+        self.captured = [nm for nm in captures if nm not in self.consts]
+        self._const_outputs = [nm for nm in graph.outputs if nm in self.consts]
         self._plan_src: tuple = ()
         self._plan: list = []
         self._checked: dict = {}  # input signatures check_inputs passed through unchanged
 
-    def _subprogram(self, region: Graph, known: dict) -> "Program":
-        return Program(region, self.kernels, self.backend, known)
+    def lower(self, node, fn):
+        """The kernel this program runs for `node` (the op's kernel `fn` by default): where a
+        backend picks a kernel per node once, at compile time (its own caches, a variant
+        chosen by the node's constant operands)."""
+        return fn
+
+    def _subprogram(self, region: Graph) -> "Program":
+        return Program(region, self.kernels, self.backend)
 
     def run(self, feeds: dict[str, np.ndarray], progress: Progress | None = None) -> dict[str, np.ndarray]:
         env = dict(self.consts)
         env.update(self._check(feeds))
         self._execute(env, progress)
+        for nm in self._const_outputs:  # (folded away: a fresh array per run all the same)
+            env[nm] = np.array(env[nm], copy=True)
         return {nm: env[nm] for nm in self.graph.outputs}
 
     def _check(self, feeds: dict) -> dict:
@@ -272,42 +264,6 @@ class Program:
 
 
 _CALL, _ALIAS, _IF, _REGIONS = range(4)
-# Backends whose programs fold constant nodes at compile time. The reference backend runs
-# every node as written; the others translate steps into their own programs.
-FOLDING = frozenset({"cpu"})
-MAX_FOLD_ELEMENTS = 1 << 18  # larger folded results would be kept resident: computed per run
-
-
-def _fold(n, fn, attrs, known: dict, graph: Graph) -> dict | None:
-    """{output name: value} of node `n` if it can be computed now, else None."""
-    if n.regions or OPS[n.op].groups & {"control", "sequence", "optional"} or not n.inputs:
-        return None
-    if n.op in ("shape", "size") and n.inputs[0] not in known:
-        v = graph.values.get(n.inputs[0])
-        if v is None or v.kind != "tensor" or not all(isinstance(d, int) for d in v.shape):
-            return None
-        shape = np.array(v.shape, dtype=np.int64)
-        if n.op == "size":
-            return {n.outputs[0]: np.array(int(np.prod(shape)), dtype=np.int64)}
-        return {n.outputs[0]: shape[attrs["start"]:attrs["end"]]}
-    if not all(nm in known for nm in n.inputs if nm) or not any(n.inputs):
-        return None
-    return _run_fold(n, fn, attrs, known)
-
-
-def _run_fold(n, fn, attrs, known: dict) -> dict | None:
-    try:
-        with np.errstate(all="ignore"):
-            res = fn(*[known[nm] if nm else None for nm in n.inputs], **attrs)
-    except Exception:  # noqa: BLE001 -- it fails again at run time, naming the node
-        return None
-    res = res if isinstance(res, tuple) else (res,)
-    if len(res) != len(n.outputs) or not all(isinstance(r, (np.ndarray, np.generic)) for r in res):
-        return None
-    res = [np.asarray(r) for r in res]
-    if sum(r.size for r in res) > MAX_FOLD_ELEMENTS or any(r.dtype == object for r in res):
-        return None
-    return dict(zip(n.outputs, res))
 
 
 def _describe(args) -> str:

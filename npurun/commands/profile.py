@@ -78,7 +78,8 @@ def profile(exe, graph, feeds, runs=3, concurrent=1):
     import numpy as np
 
     from ..ir.cost import concrete_values
-    program = exe.compile(graph)
+    shapes = {k: a.shape for k, a in feeds.items() if isinstance(a, np.ndarray)}
+    program = exe.compile(graph, shapes)  # the lowered graph's program, as the runs use it
     exe.run_sync(graph, feeds)
     traces = []
     for _ in range(runs):
@@ -87,13 +88,11 @@ def profile(exe, graph, feeds, runs=3, concurrent=1):
             f.result()
             traces.append((f.task.id, f.task.trace))
     macs = exe.step_macs(program, feeds)
-    vals = concrete_values(graph, {k: a.shape for k, a in feeds.items() if isinstance(a, np.ndarray)})
-    by_out = {tuple(n.outputs): n for n in graph.nodes}
-    fused = getattr(program, "fused", {})
+    lowered = program.graph
+    vals = concrete_values(lowered, shapes)
     rows = []
     for i, (n, _fn, _attrs, _dead) in enumerate(program.steps):
-        act = by_out.get(tuple(n.outputs))
-        op = n.full_op + (f"+{act.op}" if act is not None and id(act) in fused else "")
+        op = n.full_op + (f"+{n.attrs['activation']}" if n.attrs.get("activation") else "")
 
         def shp(nm):
             v = vals.get(nm) if nm else None
@@ -101,7 +100,7 @@ def profile(exe, graph, feeds, runs=3, concurrent=1):
                 return None
             return [d if isinstance(d, int) else str(d) for d in v.shape]
         times = [tr[i][4] - tr[i][3] for _, tr in traces if i < len(tr)]
-        outv = graph.values.get(n.outputs[0]) if n.outputs else None
+        outv = lowered.values.get(n.outputs[0]) if n.outputs else None
         rows.append({"step": i, "node": n.name or f"#{i}", "op": op,
                      "time_s": statistics.median(times) if times else 0.0, "macs": macs[i],
                      "precision": n.precision or (outv.dtype if outv is not None else "?"),

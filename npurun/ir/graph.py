@@ -158,6 +158,17 @@ class Graph:
 
     __hash__ = None
 
+    def copy(self) -> "Graph":
+        """A copy whose nodes and values can be rewritten freely; constants' arrays are shared
+        (passes replace a constant, they never write into its array), so copying a model with
+        100 MB of weights costs no weights."""
+        from dataclasses import replace
+        values = {k: replace(v, calib=dict(v.calib)) for k, v in self.values.items()}
+        nodes = [replace(n, inputs=list(n.inputs), outputs=list(n.outputs), attrs=dict(n.attrs),
+                         hints=dict(n.hints), regions={k: r.copy() for k, r in n.regions.items()})
+                 for n in self.nodes]
+        return Graph(self.name, values, nodes, list(self.inputs), list(self.outputs), self.source)
+
     def __str__(self) -> str:
         from .text import print_graph
         return print_graph(self)

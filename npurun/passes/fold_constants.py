@@ -51,12 +51,20 @@ def try_fold(node: Node, values: dict, out_shapes: list) -> list[np.ndarray] | N
     return [np.asarray(r) for r in res] if all(isinstance(r, np.ndarray | np.generic) for r in res) else None
 
 
-def fold_constants(g: Graph) -> Graph:
-    """The pass: fold every foldable node, in order (a fold may enable the next)."""
+def fold_constants(g: Graph, outer: dict | None = None) -> Graph:
+    """The pass: fold every foldable node, in order (a fold may enable the next). Regions
+    (if/loop/scan bodies) fold too, knowing the constants of the graphs around them that they
+    capture (`outer`: name -> Value): silero-vad's branches slice captured LSTM weights into
+    gates on every run, which folds here once."""
+    values = g.values if not outer else _Scope(g, outer)
     kept = []
     for n in g.nodes:
+        if n.regions:
+            scope = {**(outer or {}), **{v.name: v for v in g.constants()}}
+            for r in n.regions.values():
+                fold_constants(r, scope)
         shapes = [g.values[o].shape for o in n.outputs]
-        res = try_fold(n, g.values, shapes) if all(_static(s) for s in shapes) or n.op in ("shape", "size") else None
+        res = try_fold(n, values, shapes) if all(_static(s) for s in shapes) or n.op in ("shape", "size") else None
         if res is None:
             kept.append(n)
             continue
@@ -64,3 +72,21 @@ def fold_constants(g: Graph) -> Graph:
             g.values[name].data = arr.astype(np.dtype(arr.dtype), copy=False)
     g.nodes = kept
     return g
+
+
+class _Scope(dict):
+    """A region's values, where a name it captures (neither its input nor computed by its
+    nodes) reads the enclosing graphs' constant."""
+
+    def __init__(self, region: Graph, outer: dict):
+        super().__init__(region.values)
+        self.outer = outer
+        self.defined = set(region.inputs) | {o for n in region.nodes for o in n.outputs}
+
+    def __getitem__(self, name):
+        v = dict.get(self, name)
+        if (v is None or not v.is_const) and name not in self.defined and name in self.outer:
+            return self.outer[name]
+        if v is None:
+            raise KeyError(name)
+        return v

@@ -27,7 +27,8 @@ from .rewrite import drop_unused_values, new_value
 
 
 def _blockable_conv(g: Graph, n: Node, c: int) -> bool:
-    if n.op != "conv" or n.regions or OPS["conv"].attrs_of(n)["group"] != 1:
+    a = OPS["conv"].attrs_of(n) if n.op == "conv" else {}
+    if n.op != "conv" or n.regions or a["group"] != 1 or a["activation"]:  # (conv_nchwc has no epilogue)
         return False
     x, w = g.values[n.inputs[0]], g.values[n.inputs[1]]
     m, ci = w.shape[0], w.shape[1]

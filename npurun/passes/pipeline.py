@@ -1,6 +1,13 @@
 """Pass pipelines: a pipeline is a plain list of passes, each a function `Graph -> Graph`.
 
     g = run_pipeline(g, pipeline_for("cpu"), verify_each=True)
+    g = prepare(graph, "cpu", {"x": (1, 3, 224, 224)})    # what every entry point runs
+
+Passes are the only graph rewriter: every entry point (Executor, InferenceSession, the
+server, every CLI command) hands a backend `prepare(graph, device, input shapes)`, never the
+raw import. A pipeline is STANDARD (backend-neutral clean-up: what `npurun.compile` runs
+before choosing precisions) followed by the backend's LOWERING passes (fusions into ops
+its kernels take whole: ir/ops/fused.py, conv epilogues).
 
 A pass's name is its function's name (a pass with options is bound with functools.partial,
 whose name is the wrapped function's). With `verify_each` the IR verifier runs after every
@@ -15,11 +22,20 @@ from ..errors import PassError, VerifyError
 from ..ir.graph import Graph
 from ..ir.verify import verify
 from .eliminate_dead_code import eliminate_dead_code
+from .fold_affine import fold_affine
 from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
+from .fuse_activation import fuse_activation
+from .fuse_affine_chain import fuse_affine_chain
+from .fuse_gelu import fuse_gelu
+from .fuse_hard_swish import fuse_hard_swish
+from .fuse_masked_softmax import fuse_masked_softmax
+from .fuse_matmul_add import fuse_matmul_add
 from .fuse_ops import fuse_ops
+from .fuse_swish import fuse_swish
 from .remove_noops import remove_noops
 from .simplify_shapes import simplify_shapes
+from .sink_gather import sink_gather
 
 Pass = Callable[[Graph], Graph]
 
@@ -30,12 +46,22 @@ Pass = Callable[[Graph], Graph]
 # Order: folding and shape simplification first (they turn computed shapes into constants,
 # which the no-op and fusion patterns need); BatchNorm folding before fusion (a folded conv
 # may then take a following bias); dead-code removal last, to drop what the others bypassed.
-STANDARD: list[Pass] = [fold_constants, simplify_shapes, remove_noops, fold_batchnorm, fuse_ops,
-                        remove_noops, eliminate_dead_code]
+STANDARD: list[Pass] = [fold_constants, simplify_shapes, fold_constants, remove_noops, fold_batchnorm,
+                        fuse_ops, remove_noops, eliminate_dead_code]
+# The cpu backend's lowering: affines into convs first (a conv + BN + ReLU then takes the ReLU
+# as its epilogue), activations spelled out in ops made single ops before the epilogue
+# fusion, the softmax's mask add before the matmul adds (which would take it otherwise), the
+# scalar affine runs last (they take what the others left).
+CPU_LOWERING: list[Pass] = [fold_affine, fuse_hard_swish, fuse_swish, fuse_gelu, fuse_activation,
+                            fuse_masked_softmax, fuse_matmul_add, sink_gather, fuse_affine_chain,
+                            eliminate_dead_code]
 PIPELINES: dict[str, list[Pass]] = {
     "default": STANDARD,
-    "reference": STANDARD,
-    "cpu": STANDARD,  # no layout pass: bench/layouts.py measured no gain on cpu (docs/passes.md)
+    # The oracle runs a graph as it is written: a pass that broke a model must not break the
+    # numbers it is checked against.
+    "reference": [],
+    # no layout pass: bench/layouts.py measured no gain on cpu (docs/passes.md)
+    "cpu": STANDARD + CPU_LOWERING,
 }
 
 
@@ -48,6 +74,35 @@ def pass_name(p: Pass) -> str:
 def pipeline_for(target: str) -> list[Pass]:
     """The pipeline of a backend name (`cpu`, `npusim`, ...), or the default one."""
     return list(PIPELINES.get(target.split(":")[0], PIPELINES["default"]))
+
+
+def standard_pipeline() -> list[Pass]:
+    """The backend-neutral passes (npurun.compile runs these before choosing precisions)."""
+    return list(STANDARD)
+
+
+def prepare(graph: Graph, device: str, shapes: dict | None = None, *, verify_each: bool = False) -> Graph:
+    """The graph a backend compiles: a copy of `graph` (which is not modified; constants'
+    arrays are shared), its symbolic input dims bound to `shapes` (name -> concrete shape)
+    where given, through `pipeline_for(device)`. Binding shapes lets the shape arithmetic
+    exporters emit fold to constants for the shapes a run really has."""
+    g = graph.copy()
+    if shapes:
+        _bind_inputs(g, shapes)
+    return run_pipeline(g, pipeline_for(device), verify_each=verify_each)
+
+
+def _bind_inputs(g: Graph, shapes: dict) -> None:
+    """Input values whose dims are symbolic take the concrete dims of `shapes` (a mismatch is
+    left for the run's input check to report)."""
+    from ..ir.shapes import bind
+    for name in g.inputs:
+        v = g.values[name]
+        s = shapes.get(name)
+        if s is None or v.kind != "tensor" or len(s) != len(v.shape) or all(isinstance(d, int) for d in v.shape):
+            continue
+        if bind(v.shape, tuple(s), {}):
+            v.shape = tuple(int(d) for d in s)
 
 
 def run_pipeline(g: Graph, passes: list[Pass], *, verify_each: bool = False) -> Graph:

@@ -20,6 +20,9 @@ def rename_uses(g: Graph, old: str, new: str) -> None:
         n.inputs = [new if i == old else i for i in n.inputs]
         for r in n.regions.values():
             if old not in _defined(r):
+                if old in r.values and new not in r.values:  # the region declares what it captures
+                    from dataclasses import replace
+                    r.values[new] = replace(r.values[old], name=new)
                 rename_uses(r, old, new)
                 r.outputs = [new if o == old else o for o in r.outputs]
 

@@ -92,53 +92,70 @@ class Executor:
         return f"Executor(device={self.device!r}, parallelism={self.parallelism}, workspace_mb={self.workspace_mb})"
 
     # --- models
-    def compile(self, model) -> Program:
-        """The Program for `model` (a Graph or a path), compiled once per graph."""
+    def compile(self, model, shapes: dict | None = None) -> Program:
+        """The Program for `model` (a Graph or a path): the graph through the device's pass
+        pipeline (passes/pipeline.py `prepare`), then the backend's compile; once per graph,
+        and, for a graph with symbolic input dims, once per concrete input shapes (`shapes`,
+        name -> shape) so that shape arithmetic folds for the shapes a run has."""
         if isinstance(model, Program):
             return model
         graph = load(model) if isinstance(model, (str, os.PathLike, Path)) else model
         if not isinstance(graph, Graph):
             raise NpurunError(f"expected a model path or an npurun Graph, got {type(model).__name__}")
+        key = (id(graph), _shape_key(graph, shapes) if self.backend.specializes else ())
         with self._lock:
-            hit = self._programs.get(id(graph))
-            if hit is None or hit[0] is not graph:
-                hit = (graph, self.backend.compile(graph))
-                self._programs[id(graph)] = hit
-            return hit[1]
+            hit = self._programs.get(key)
+            if hit is not None and hit[0] is graph:
+                return hit[1]
+        from ..passes.pipeline import prepare
+        program = self.backend.compile(prepare(graph, self.device, dict(key[1]) if key[1] else None))
+        with self._lock:
+            self._programs[key] = (graph, program)
+            while len(self._programs) > PLAN_CACHE:
+                del self._programs[next(iter(self._programs))]  # the oldest entry
+        return program
 
     def planned(self, model, inputs) -> tuple[Program, object]:
         """(the Program a run of `model` on `inputs` executes, its MemoryPlan): planned for the
         inputs' shapes within `workspace_mb`, split where a chain does not fit; cached per
         graph and shapes. Unplanned (no workspace, or the cpu default found nothing to
         cascade): the plain Program and None."""
-        program = self.compile(model)
+        graph = load(model) if isinstance(model, (str, os.PathLike, Path)) else model
+        if isinstance(graph, Program):
+            program, graph = graph, graph.graph
+        else:
+            first = self.compile(graph) if not isinstance(inputs, dict) else None
+            feeds = self._feeds(first, inputs) if first is not None else inputs
+            shapes = {k: tuple(np.shape(v)) for k, v in feeds.items() if isinstance(v, np.ndarray)}
+            program = self.compile(graph, shapes)
         if self._plan_mb is None:
             return program, None
         feeds = self._feeds(program, inputs)
-        graph = program.graph
+        lowered = program.graph
         shapes = {k: tuple(np.shape(v)) for k, v in feeds.items() if isinstance(v, np.ndarray)}
-        key = (id(graph), tuple(sorted(shapes.items())))
+        key = (id(lowered), tuple(sorted(shapes.items())))
         with self._lock:
             hit = self._plans.get(key)
-            if hit is not None and hit[0] is graph:
+            if hit is not None and hit[0] is lowered:
                 self._plans.move_to_end(key)
                 return hit[1], hit[2]
         from ..memory import prepare
         try:
             # The default cascade is an optimization: no search for the smallest workspace.
-            split_graph, plan = prepare(graph, shapes, device=self.device, workspace_mb=self._plan_mb,
+            split_graph, plan = prepare(lowered, shapes, device=self.device, workspace_mb=self._plan_mb,
                                         find_smallest=self.workspace_mb is not None)
         except InputError:
             return program, None  # shapes that do not fit the model: the run reports them
         except Exception:  # noqa: BLE001
             if self.workspace_mb is not None:
                 raise  # the user's workspace: a plan that cannot be made is their error
-            split_graph, plan = graph, None  # the default cascade is an optimization only
+            split_graph, plan = lowered, None  # the default cascade is an optimization only
         if plan is not None and not plan.split and self.workspace_mb is None:
             plan = None  # nothing to cascade: the default runs the graph as it is
+        # the split graph comes from the lowered one by a pass (split_bands): compiled as it is
         run = self.backend.compile(split_graph) if plan is not None and plan.split else program
         with self._lock:
-            self._plans[key] = (graph, run, plan)
+            self._plans[key] = (lowered, run, plan)
             while len(self._plans) > PLAN_CACHE:
                 self._plans.popitem(last=False)
         return run, plan
@@ -265,25 +282,25 @@ class Executor:
         self.close()
 
 
+def _shape_key(graph: Graph, shapes: dict | None) -> tuple:
+    """The input shapes a compiled program is specialized to: () for a graph whose inputs are
+    all static (one program serves every run), else the given concrete shapes of its
+    symbolic inputs."""
+    if not shapes:
+        return ()
+    out = []
+    for name in graph.inputs:
+        v = graph.values[name]
+        if v.kind == "tensor" and not all(isinstance(d, int) for d in v.shape) and name in shapes:
+            out.append((name, tuple(int(d) for d in shapes[name])))
+    return tuple(out)
+
+
 def program_step_macs(program: Program, shapes: dict) -> list[int]:
-    """Per-step MACs: a step's node is a graph node, or a fused node that stands for a conv and
-    the activation it absorbed (CpuProgram.fused maps the activation to its conv)."""
+    """Per-step MACs: each step is a node of the program's (lowered) graph."""
     g = program.graph
     by_id = dict(zip(map(id, g.nodes), concrete_macs(g, shapes)))
-    by_out = {tuple(n.outputs): n for n in g.nodes}
-    fused = getattr(program, "fused", {})
-    out = []
-    for step in program.steps:
-        n = step[0]
-        if id(n) in by_id:
-            out.append(by_id[id(n)])
-            continue
-        act = by_out.get(tuple(n.outputs))
-        m = by_id.get(id(act), 0) if act is not None else 0
-        if act is not None and id(act) in fused:
-            m += by_id.get(id(fused[id(act)]), 0)
-        out.append(m)
-    return out
+    return [by_id.get(id(step[0]), 0) for step in program.steps]
 
 
 def concrete_macs(g: Graph, shapes: dict) -> list[int]:

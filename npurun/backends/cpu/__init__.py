@@ -11,6 +11,7 @@ checked against the reference kernel in tests/test_cpu_*.py.
 """
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -18,8 +19,9 @@ import numpy as np
 from .. import register
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
-from . import blas, conv, fuse, fuse_transformer, native, nativeconv
+from . import blas, conv, native, nativeconv
 from .ops import FACTORIES
+from .ops import fused as fused_ops
 from .ops.conv1d import CHEAP_IN_C
 
 ACTIVATIONS = native.ACTIVATIONS
@@ -28,36 +30,51 @@ SMALL = 4096  # elements; a smaller activation runs its NumPy reference kernel
 
 
 class CpuProgram(Program):
+    """The graph as the pipeline lowered it (passes/pipeline.py: conv epilogues, fused ops of
+    ir/ops/fused.py), one kernel per node picked here (`lower`): nothing is rewritten."""
+
     def __init__(self, graph, backend: "CpuBackend"):
         self.threads = backend.parallelism
         self.pool = backend.pool
+        self._backend = backend
         kernels = dict(KERNELS)
         kernels["conv"] = self._conv
         if native.LIB is not None:
             for a in ACTIVATIONS:
                 kernels[a] = self._activation(a)
+            kernels["swish"] = self._swish
         for op, make in FACTORIES.items():  # cpu/ops/: attention, recurrent cells, ...
             kernels[op] = make(self)
-        # id(fused-away node) -> the conv that now computes it (ops-report shows this); regions
-        # add theirs while the base class compiles them
-        self.fused: dict = {}
         super().__init__(graph, kernels, backend.name)
-        self.fused.update(_optimize(self))
 
-    def _subprogram(self, region, known):
-        """A control-flow region (silero's `if` branches run every chunk) gets the same
-        epilogue fusion and packed-weight caches as the top-level program."""
-        sub = Program(region, self.kernels, self.backend, known)
-        self.fused.update(_optimize(sub))
-        return sub
+    def lower(self, node, fn):
+        """A conv or a linear layer with constant weights gets a kernel of its own, whose
+        cache keeps them packed between runs (weights that are inputs may change from run to
+        run: those are packed on each)."""
+        if node.op == "conv" and node.precision in (None, "f32") and self._const(node.inputs[1]):
+            return functools.partial(fn, _cache={})
+        if node.op in ("matmul", "matmul_add") and node.precision in (None, "f32") and fn is not None \
+                and self._const(node.inputs[1], ndim=2):
+            return fused_ops.linear_kernel(self, fn)
+        return fn
 
-    def _conv(self, x, w, b=None, *, _act=None, _act_attrs=None, _cache=None, **attrs):
-        if nativeconv.applies(x, w, attrs):
-            return nativeconv.conv2d(x, w, b, attrs, _act, _act_attrs, self.pool, self.threads,
+    def _const(self, name, ndim=None) -> bool:
+        v = self.graph.values.get(name)
+        return v is not None and v.is_const and (ndim is None or v.data.ndim == ndim)
+
+    def _subprogram(self, region):
+        """A control-flow region's program is a cpu program too (its kernels use this one's
+        threads and pool)."""
+        return CpuProgram(region, self._backend)
+
+    def _conv(self, x, w, b=None, *, activation="", activation_params=(), _cache=None, **attrs):
+        act, act_attrs = native_activation(activation, activation_params)
+        if nativeconv.applies(x, w, attrs) and act is not False:
+            return nativeconv.conv2d(x, w, b, attrs, act, act_attrs, self.pool, self.threads,
                                      {} if _cache is None else _cache)
-        if conv.fast_conv_applies(x, w, attrs) and (_act is None or _act in conv.EPILOGUES):
-            return conv.conv2d(x, w, b, attrs, _act, _act_attrs, self.pool, self.threads)
-        return _reference_act(KERNELS["conv"](x, w, b, **attrs), _act, _act_attrs)
+        if act is not False and conv.fast_conv_applies(x, w, attrs) and (act is None or act in conv.EPILOGUES):
+            return conv.conv2d(x, w, b, attrs, act, act_attrs, self.pool, self.threads)
+        return KERNELS["conv"](x, w, b, activation=activation, activation_params=activation_params, **attrs)
 
     def _activation(self, name):
         ref = KERNELS[name]
@@ -71,48 +88,44 @@ class CpuProgram(Program):
             if name == "clip":
                 attrs = {"_min": None if extra[0] is None else float(extra[0]),
                          "_max": None if len(extra) < 2 or extra[1] is None else float(extra[1])}
-            code, alpha, beta = native.act_params(name, attrs)
-            x = np.ascontiguousarray(x)
-            y = np.empty_like(x)
-            if x.size >= BIG and self.threads > 1:  # parts on the library's spinning pool
-                native.LIB.npr_activation_mt(native.ptr(x), native.ptr(y), x.size, code, alpha, beta,
-                                             self.threads, self.threads)
-            else:
-                native.LIB.npr_activation(native.ptr(x), native.ptr(y), x.size, code, alpha, beta)
-            return y
+            return self._native_act(x, *native.act_params(name, attrs))
         return run
+
+    def _swish(self, x, *, alpha):
+        """SiLU (alpha 1) through the C activation kernel; other alphas by the reference."""
+        if x.dtype != np.float32 or alpha != 1.0:
+            return KERNELS["swish"](x, alpha=alpha)
+        return self._native_act(x, native.ACTS["silu"], 0.0, 0.0)
+
+    def _native_act(self, x, code, alpha, beta):
+        x = np.ascontiguousarray(x)
+        y = np.empty_like(x)
+        if x.size >= BIG and self.threads > 1:  # parts on the library's spinning pool
+            native.LIB.npr_activation_mt(native.ptr(x), native.ptr(y), x.size, code, alpha, beta,
+                                         self.threads, self.threads)
+        else:
+            native.LIB.npr_activation(native.ptr(x), native.ptr(y), x.size, code, alpha, beta)
+        return y
 
     def run(self, feeds, progress=None):
         # BLAS threads are process-wide: held to ours for the duration of this run only.
         return blas.with_threads(self.threads, lambda: super(CpuProgram, self).run(feeds, progress))
 
 
-def _optimize(prog: Program) -> dict:
-    """Fuse epilogues and chains over `prog`'s steps; give convs with constant weights a cache
-    that keeps them packed between runs (weights that are inputs may change from run to run:
-    those are packed each time). Returns {id(node fused away): the node that computes it}."""
-    # Transformer patterns first (GELU, masked softmax, matmul + bias + residual, gathered
-    # embeddings): the chain rules would otherwise take parts of them.
-    fused = fuse_transformer.fuse(prog)
-    fused.update(fuse.fuse_epilogues(prog, native.LIB is not None))
-    for k, (n, fn, attrs, dead) in enumerate(prog.steps):
-        w = prog.graph.values.get(n.inputs[1]) if n.op == "conv" else None
-        if w is not None and w.is_const:
-            prog.steps[k] = (n, fn, {**attrs, "_cache": {}}, dead)
-    return fused
-
-
-def _reference_act(y, act, act_attrs):
-    """A fused activation the fast kernels could not take, by the reference kernels."""
-    if act is None:
-        return y
-    if act == "silu":
-        return y * KERNELS["sigmoid"](y)
-    if act == "clip":
-        lo, hi = act_attrs["_min"], act_attrs["_max"]
-        return KERNELS["clip"](y, None if lo is None else np.array(lo, y.dtype),
-                               None if hi is None else np.array(hi, y.dtype))
-    return KERNELS[act](y, **act_attrs)
+def native_activation(activation: str, params):
+    """A conv's fused activation as the compiled epilogue takes it: (None, None) for none,
+    (name, attrs) for one the C kernels apply, (False, None) for one they do not (the conv then
+    runs the reference kernel, activation included)."""
+    if not activation:
+        return None, None
+    if activation == "swish":
+        return ("silu", {}) if params[0] == 1.0 else (False, None)
+    if activation not in native.ACTS:
+        return False, None
+    if activation == "clip":
+        return "clip", {"_min": params[0], "_max": params[1]}
+    from ...ir.ops.elementwise import FUSABLE_ACTIVATIONS
+    return activation, dict(zip(FUSABLE_ACTIVATIONS[activation], params))
 
 
 def _scalar_bounds(extra) -> bool:

@@ -37,7 +37,7 @@ def profile(program, feeds: dict, runs: int = 3) -> tuple[list[tuple[str, str, f
     med = lambda v: sorted(v)[len(v) // 2] * 1e3  # noqa: E731
     rows = []
     for k, (n, fn, attrs, dead) in enumerate(saved):
-        op = n.op + (f"+{attrs['_act']}" if attrs.get("_act") else "")
+        op = n.op + (f"+{attrs['activation']}" if attrs.get("activation") else "")
         rows.append((n.label(), op, med(spent[k]) if spent[k] else 0.0))
     return rows, med(whole)
 

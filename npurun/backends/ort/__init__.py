@@ -69,6 +69,8 @@ def precision_exports(node, graph) -> bool:
 class OrtBackend(Backend):
     """ONNX Runtime sessions with one execution provider (the graph exported back to ONNX)."""
 
+    specializes = False  # (see Backend.specializes)
+
     name = "ort"
     rules = (exports_to_onnx, tensor_values, precision_exports)
     fallback = "reference"

@@ -186,14 +186,26 @@ def _conv_fn(nd, transpose=False):
 
 
 @kernel("conv")
-def conv(x, w, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pad):
+def conv(x, w, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pad, activation="",
+         activation_params=()):
     # x is (N, C, *S); w is (M, C/group, *K). Asymmetric padding pads x first.
     ks = list(kernel_shape or w.shape[2:])
     begin, end, _, strides, dilations = _window_pads(tuple(x.shape), ks, strides, dilations, pads, auto_pad)
     if begin != end:
         x = F.pad(x, [p for i in reversed(range(len(ks))) for p in (begin[i], end[i])])
         begin = [0] * len(ks)
-    return _conv_fn(len(ks))(x, w, b, stride=strides, padding=begin, dilation=dilations, groups=group)
+    y = _conv_fn(len(ks))(x, w, b, stride=strides, padding=begin, dilation=dilations, groups=group)
+    return activate(y, activation, activation_params)
+
+
+def activate(y, activation: str, params):
+    """A conv's fused activation (ir/ops/elementwise.FUSABLE_ACTIVATIONS) by its own kernel."""
+    if not activation:
+        return y
+    from ...ir.ops.elementwise import FUSABLE_ACTIVATIONS
+    if activation == "clip":
+        return torch.clamp(y, params[0], params[1])
+    return KERNELS[activation](y, **dict(zip(FUSABLE_ACTIVATIONS[activation], params)))
 
 
 @kernel("conv_transpose")
@@ -747,7 +759,8 @@ def matmul_i8(qw, sw):
 def conv_i8(qw_t, sw, group):
     """2-D conv as im2col + int8 GEMM: x (N, C, H, W) per tensor, w (M, C, kh, kw) per output
     channel, pre-quantized as qw_t (C*kh*kw, M)."""
-    def run(x, w=None, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pad):
+    def run(x, w=None, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pad, activation="",
+            activation_params=()):
         ks = list(kernel_shape or w.shape[2:])
         begin, end, out, strides, dilations = _window_pads(tuple(x.shape), ks, strides, dilations, pads, auto_pad)
         qx, sx = quantize_sym(x)
@@ -761,5 +774,5 @@ def conv_i8(qw_t, sw, group):
         y = y.reshape(n, L, -1).transpose(1, 2).reshape(n, -1, *out)
         if b is not None:
             y = y + b.to(torch.float32).reshape(1, -1, 1, 1)
-        return y.to(x.dtype)
+        return activate(y.to(x.dtype), activation, activation_params)
     return run

@@ -20,6 +20,30 @@ for _n, _attrs in {"leaky_relu": {"alpha": 0.01}, "elu": {"alpha": 1.0},
 ACTIVATIONS = frozenset({"relu", "tanh", "sigmoid", "leaky_relu", "elu", "selu", "hard_sigmoid",
                          "hard_swish", "gelu", "softplus", "clip", "celu"})
 
+# Activations a conv can apply to its result in its own epilogue (passes/fuse_activation.py):
+# name -> the meaning of each number of the conv's `activation_params`, in order (the op's
+# float attributes; clip's bounds, which are operands of clip). `swish` with alpha 1 is SiLU.
+FUSABLE_ACTIVATIONS: dict[str, tuple[str, ...]] = {
+    "relu": (), "tanh": (), "sigmoid": (), "hard_swish": (), "softplus": (),
+    "leaky_relu": ("alpha",), "elu": ("alpha",), "celu": ("alpha",), "swish": ("alpha",),
+    "selu": ("alpha", "gamma"), "hard_sigmoid": ("alpha", "beta"), "clip": ("min", "max"),
+}
+
+
+def check_activation(node, a) -> None:
+    """A fused `activation` must be one FUSABLE_ACTIVATIONS names, with one number per param."""
+    act, params = a.get("activation", ""), a.get("activation_params") or []
+    if not act:
+        if params:
+            _fail(node, f"activation_params {list(params)} given without an activation")
+        return
+    if act not in FUSABLE_ACTIVATIONS:
+        _fail(node, f"fused activation {act!r}; expected one of {', '.join(sorted(FUSABLE_ACTIVATIONS))}")
+    want = FUSABLE_ACTIVATIONS[act]
+    if len(params) != len(want):
+        _fail(node, f"fused activation {act} takes {len(want)} activation_params "
+                    f"({', '.join(want) or 'none'}), got {list(params)}")
+
 
 @op("clip", ["x", "min?", "max?"], groups={"elementwise"})
 def _clip(node, a, ins):

@@ -5,6 +5,7 @@ import math
 
 from ..shapes import UNKNOWN, affine, broadcast, numel
 from . import REQUIRED, _axis, _fail, _same, op
+from .elementwise import check_activation
 
 
 def _conv_out(size, k, stride, dil, pad_total):
@@ -42,10 +43,14 @@ def _conv_macs(a, ins, outs):
 
 _CONV_ATTRS = {"strides": None, "pads": None, "dilations": None, "group": 1,
                "kernel_shape": None, "auto_pad": "NOTSET"}
+# conv only: an activation applied to the result in the conv's own epilogue (set by
+# passes/fuse_activation.py; names and params: elementwise.FUSABLE_ACTIVATIONS).
+_FUSED_ATTRS = {"activation": "", "activation_params": []}
 
 
-@op("conv", ["x", "w", "b?"], attrs=_CONV_ATTRS, groups={"conv", "mac"}, macs=_conv_macs)
+@op("conv", ["x", "w", "b?"], attrs={**_CONV_ATTRS, **_FUSED_ATTRS}, groups={"conv", "mac"}, macs=_conv_macs)
 def _conv(node, a, ins):
+    check_activation(node, a)
     x, w = ins[0], ins[1]
     if len(x.shape) != len(w.shape) or len(x.shape) < 3:
         _fail(node, f"input rank {len(x.shape)} and weight rank {len(w.shape)} must match and be >= 3")

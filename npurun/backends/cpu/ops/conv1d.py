@@ -17,36 +17,28 @@ Timings (1 thread, median of 300, the reference kernel / im2col / compiled 2-D, 
 1->258 K256 L640 s128: 1079 / 12.5 / 46; 129->128 K3 L4: 70 / 14 / 45; 64->64 K3 L1000:
 285 / 211 / 198 (the crossover: ~8M MACs).
 
-A conv inside a region (an `if` branch) has no per-node `_cache` (CpuProgram gives one only
-to its top-level steps), so its weights would be packed on every run; this kernel keeps the
-packing per weight array instead (keyed by identity, the constants being the same arrays on
-every run), bounded to PACKS entries.
+A conv with constant weights gets a cache of its own from CpuProgram.lower (regions' convs
+too); one whose weights are an input packs them on each run.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ...reference.kernels.elementwise import activate
 from ...reference.kernels.nn import _window_pads
 from .. import native
 
 SMALL_MACS = 8 << 20
-PACKS = 64
 
 
 def make(program):
     conv = program._conv  # the CpuProgram's conv: compiled kernels, epilogues, packing
-    packs: dict = {}  # id(w) -> (w, b, cache) for convs without a per-node cache
 
-    def run(x, w, b=None, *, _act=None, _act_attrs=None, _cache=None, **attrs):
-        if _cache is None:
-            hit = packs.get(id(w))
-            if hit is None or hit[0] is not w or hit[1] is not b:
-                if len(packs) >= PACKS:
-                    packs.pop(next(iter(packs)))
-                hit = packs[id(w)] = (w, b, {})
-            _cache = hit[2]
+    def run(x, w, b=None, *, activation="", activation_params=(), _cache=None, **attrs):
+        act = {"activation": activation, "activation_params": activation_params}
+        _cache = {} if _cache is None else _cache
         if x.ndim != 3 or x.dtype != np.float32 or w.dtype != np.float32:
-            return conv(x, w, b, _act=_act, _act_attrs=_act_attrs, _cache=_cache, **attrs)
+            return conv(x, w, b, _cache=_cache, **act, **attrs)
         # The window and the path, planned once per input shape (checked against the
         # attributes: a weight shared by two nodes may come with others)
         hit = _cache.get(("c1d", x.shape))
@@ -59,10 +51,10 @@ def make(program):
             if wt is None:
                 wt = _cache["im2col"] = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
             y = _im2col(x, wt, b, p0, p1, s, d, lo, k)
-            # A fused activation (region convs are fused too) runs as its unfused step would:
-            # the compiled kernel's ~20-45 us fixed cost is what the small path avoids.
-            return y if _act is None else _reference_act(y, _act, _act_attrs)
-        y = conv(x[:, :, None, :], w[:, :, None, :], b, _act=_act, _act_attrs=_act_attrs, _cache=_cache, **plan[1])
+            # A fused activation runs as its unfused step would: the compiled kernel's
+            # ~20-45 us fixed cost is what the small path avoids.
+            return y if not activation else _activate(y, activation, activation_params)
+        y = conv(x[:, :, None, :], w[:, :, None, :], b, _cache=_cache, **act, **plan[1])
         return y[:, :, 0, :]
     return run
 
@@ -102,14 +94,15 @@ def _im2col(x, wt, b, p0, p1, s, d, lo, k):
     return y.transpose(0, 2, 1) if lo == 1 else np.ascontiguousarray(y.transpose(0, 2, 1))
 
 
-def _reference_act(y, act, act_attrs):
+def _activate(y, activation, params):
+    from .. import native_activation  # (the cpu package imports this module)
+    act, act_attrs = native_activation(activation, params)
     if act in CHEAP_IN_C and y.dtype == np.float32:  # NumPy's overflow-safe sigmoid: ~9 us
         code, alpha, beta = native.act_params(act, act_attrs)
         y = np.ascontiguousarray(y)
         native.LIB.npr_activation(native.ptr(y), native.ptr(y), y.size, code, alpha, beta)
         return y
-    from .. import _reference_act as ref_act  # (the cpu package imports this module)
-    return ref_act(y, act, act_attrs)
+    return activate(y, activation, params)
 
 
 # activations whose C kernel (~2 us a call) beats the reference's NumPy even on a few elements

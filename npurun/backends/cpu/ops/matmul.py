@@ -9,7 +9,7 @@ block instead of spinning, and each band is one single-threaded sgemm (NumPy rel
 GIL for it). BLAS is held to one thread for the length of the call (threadpoolctl's
 controller, ~1 us) and given back its count afterwards.
 
-A matmul by a constant matrix (the weights of a linear layer; `fuse_transformer.py` finds
+A matmul by a constant matrix (the weights of a linear layer; CpuProgram.lower finds
 them) runs csrc/transformer.c's sgemm instead: the weights packed once per node into panels
 of 2 vectors of columns (`pack`), an 8 x 32 (AVX-512) / 6 x 16 (AVX2) register tile, the bias
 and residual adds in the tile's store, bands of panels over the threads (`linear`). Measured

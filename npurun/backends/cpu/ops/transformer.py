@@ -6,8 +6,8 @@ Each kernel takes the reference kernel's arguments and returns its result; anyth
 not handle (another dtype, softmax over an inner axis, a scale that is not one value per
 normalized element) runs the reference kernel. Rows (elements) are split over the program's
 threads on the library's spinning C pool when the tensor holds at least BIG elements.
-`fuse_transformer.py` rewrites the exported GELU chains and the masked softmax into calls of
-`gelu` / `masked_softmax` below.
+The passes make `gelu` and `masked_softmax` ops of the exported chains (passes/fuse_gelu.py,
+fuse_masked_softmax.py); ops/fused.py runs the latter through `softmax_call` below.
 
 Shapes in MiniLM (128 tokens): GELU on (1, 128, 1536), LayerNorm over (1, 128, 384) rows of
 384, softmax over (1, 12, 128, 128) rows of 128 with a (1, 1, 1, 128) or (1, 1, 128, 128) mask.

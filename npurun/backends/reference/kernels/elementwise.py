@@ -69,6 +69,18 @@ def hard_sigmoid(x, *, alpha, beta):
     return _like(x, np.clip(alpha * x + beta, 0, 1))
 
 
+def activate(y, activation: str, params):
+    """y through a fused activation (a conv's `activation`, `activation_params`; see
+    ir/ops/elementwise.FUSABLE_ACTIVATIONS): the activation's own reference kernel."""
+    if not activation:
+        return y
+    from ....ir.ops.elementwise import FUSABLE_ACTIVATIONS
+    if activation == "clip":
+        lo, hi = params
+        return clip(y, np.array(lo, y.dtype), np.array(hi, y.dtype))
+    return KERNELS[activation](y, **dict(zip(FUSABLE_ACTIVATIONS[activation], params)))
+
+
 @kernel("clip")
 def clip(x, lo=None, hi=None):
     if lo is not None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from ....ir.dtypes import to_numpy
 from . import KERNELS, _like, kernel
+from .elementwise import activate
 
 
 def _window_pads(x_shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0):
@@ -51,7 +52,8 @@ def _taps(xp, kernel_shape, strides, dilations, out):
 
 
 @kernel("conv")
-def conv(x, w, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pad):
+def conv(x, w, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pad, activation="",
+         activation_params=()):
     # x is (N, C, *S); w is (M, C/group, *K). Accumulate one matmul per kernel tap, so memory
     # stays at one shifted copy of the input rather than a whole im2col matrix.
     ks = list(kernel_shape or w.shape[2:])
@@ -71,7 +73,7 @@ def conv(x, w, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pa
     y = y.reshape(n, m, *out)
     if b is not None:
         y += b.astype(acc, copy=False).reshape((1, m) + (1,) * len(out))
-    return y.astype(x.dtype, copy=False)
+    return activate(y.astype(x.dtype, copy=False), activation, activation_params)
 
 
 @kernel("max_pool")
@@ -92,6 +94,8 @@ def average_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_p
         x.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     explicit_end = list((pads or [0] * (2 * len(kernel_shape)))[len(kernel_shape):]) \
         if auto_pad == "NOTSET" else [0] * len(kernel_shape)
+    if all(d == 1 for d in dilations):
+        return _box_average(x, kernel_shape, strides, begin, explicit_end, out, count_include_pad)
     widths = [(0, 0), (0, 0)] + list(zip(begin, end))
     xp = np.pad(x.astype(np.float64), widths)
     # The divisor counts real elements, plus explicit padding if count_include_pad (never the
@@ -109,6 +113,27 @@ def average_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_p
         total += xs
         count += cs
     return (total / count).astype(x.dtype)
+
+
+def _box_average(x, kernel_shape, strides, begin, explicit_end, out, count_include_pad):
+    """Average pooling with contiguous windows, one spatial axis at a time: each window's sum is
+    a difference of prefix sums over its part inside the input, its count that part's length
+    (or, with count_include_pad, the part inside input + explicit padding; never the extra end
+    padding ceil_mode adds). Memory stays at the input's size whatever the window: a pool
+    whose window is far larger than its input (EfficientNet's head as transformers writes
+    it: 1280 x 1280 over 7 x 7) is as cheap as any."""
+    acc = x.astype(np.float64)
+    count = np.ones((1, 1) + (1,) * len(out))
+    for i, (k, s, b, e, o) in enumerate(zip(kernel_shape, strides, begin, explicit_end, out)):
+        axis, size = 2 + i, x.shape[2 + i]
+        lo = np.arange(o) * s - b  # window [lo, lo + k) in input coordinates
+        hi = lo + k
+        a, z = np.clip(lo, 0, size), np.clip(hi, 0, size)
+        cs = np.concatenate([np.zeros_like(np.take(acc, [0], axis=axis)), np.cumsum(acc, axis=axis)], axis=axis)
+        acc = np.take(cs, z, axis=axis) - np.take(cs, a, axis=axis)
+        n = (np.clip(hi, -b, size + e) - np.clip(lo, -b, size + e)) if count_include_pad else (z - a)
+        count = count * n.reshape((1, 1) + tuple(o if j == i else 1 for j in range(len(out))))
+    return (acc / count).astype(x.dtype)
 
 
 @kernel("global_average_pool")

@@ -1,0 +1,88 @@
+"""The fused ops of ir/ops/fused.py on the cpu backend (the passes produce them; each kernel
+here computes what the op's reference kernel computes, checked in tests/test_cpu_fused.py):
+
+- `masked_softmax`: csrc/transformer.c's softmax with the mask added and the NaN rows fixed
+  in the same pass over the rows (ops/transformer.py `softmax_call`);
+- `matmul_add` (and a plain `matmul`) by a constant 2-D weight: the packed-weight sgemm with
+  the bias and residual added in its store (ops/matmul.py `linear`, weights packed once per
+  node: `linear_kernel`); by a computed operand, banded BLAS with the adds in place;
+- `affine_activation`: csrc/chain.c's one pass y = s1 * act(s0 * x + t0) + t1.
+
+Anything a kernel does not take (another dtype, a mask that broadcasts some other way) runs
+the reference kernel.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ...reference.kernels import KERNELS as REF
+from .. import native
+from . import matmul as MM
+from . import transformer as T
+
+# csrc/chain.c: y[i] = s1 * act(s0 * x[i] + t0) + t1 (activation codes of csrc/act.h)
+CHAIN_ACTS = ("relu", "sigmoid", "tanh", "hard_swish", "hard_sigmoid", "leaky_relu")
+if native.LIB is not None and hasattr(native.LIB, "npr_affine_act"):
+    _F = ctypes.c_float
+    native.LIB.npr_affine_act.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, _F, _F,
+                                          ctypes.c_int, _F, _F, _F, _F]
+    native.LIB.npr_affine_act.restype = None
+    AFFINE_ACT = native.LIB.npr_affine_act
+else:
+    AFFINE_ACT = None
+
+
+def make_masked_softmax(program):
+    def masked_softmax(x, mask=None, *, axis, nan_fix, nan_value):
+        if mask is not None and x.shape != np.broadcast_shapes(x.shape, mask.shape):
+            x, mask = mask, x  # the add is commutative: the full-shaped operand is the scores
+        if x.ndim and axis % x.ndim == x.ndim - 1:
+            y = T.softmax_call(program, x, mask, nan_value if nan_fix else None)
+            if y is not None:
+                return y
+        return REF["masked_softmax"](x, mask, axis=axis, nan_fix=nan_fix, nan_value=nan_value)
+    return masked_softmax
+
+
+def make_matmul_add(program):
+    def matmul_add(a, b, *adds):
+        y = MM.matmul_add(program, a, b, adds)
+        return REF["matmul_add"](a, b, *adds) if y is None else y
+    return matmul_add
+
+
+def linear_kernel(program, fallback):
+    """The kernel of one matmul / matmul_add node whose weights `b` are a constant (K, N)
+    matrix: packed once (the cache is this node's) for the packed sgemm."""
+    cache: dict = {}
+
+    def linear(a, b, *adds):
+        y = MM.linear(program, a, b, cache, adds)
+        return fallback(a, b, *adds) if y is None else y
+    linear.cache = cache  # (tests look at the packing)
+    return linear
+
+
+def make_affine_activation(program):
+    from .. import native_activation
+
+    def affine_activation(x, *, s0, t0, activation, activation_params, s1, t1):
+        act, act_attrs = native_activation(activation, activation_params)
+        if AFFINE_ACT is None or x.dtype != np.float32 or (act is not None and act not in CHAIN_ACTS):
+            return REF["affine_activation"](x, s0=s0, t0=t0, activation=activation,
+                                            activation_params=activation_params, s1=s1, t1=t1)
+        code, alpha, beta = native.act_params(act, act_attrs)
+        x = np.ascontiguousarray(x)
+        y = np.empty_like(x)
+        AFFINE_ACT(native.ptr(x), native.ptr(y), x.size, s0, t0, code, alpha, beta, s1, t1)
+        return y
+    return affine_activation
+
+
+KERNELS = {} if T.LIB is None else {
+    "masked_softmax": make_masked_softmax,
+    "matmul_add": make_matmul_add,
+    "affine_activation": make_affine_activation,
+}

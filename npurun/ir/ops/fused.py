@@ -1,0 +1,44 @@
+"""Fused ops: what the fusion passes (npurun/passes/fuse_*.py) turn a chain of vocabulary ops
+into. Each is exactly a composition of ops of the vocabulary, computed in that order, so a
+backend without a kernel of its own runs the composition (the reference kernels do) and the
+result is what the unfused chain gave:
+
+    masked_softmax(x, mask?)        softmax(x + mask, axis) (rows that are all -inf give NaN,
+                                    replaced by `nan_value` when `nan_fix` is 1: the exported
+                                    scaled_dot_product_attention's where(isnan(p), 0, p))
+    matmul_add(a, b, c*)            ((a @ b) + c0) + c1 ...  (a linear layer's bias, a residual)
+    affine_activation(x)            s1 * act(s0 * x + t0) + t1  (scalars; act optional)
+"""
+from __future__ import annotations
+
+from ..shapes import broadcast, numel
+from . import _fail, _same, op
+from .elementwise import check_activation
+from .nn import _matmul_macs, _matmul_shape
+
+
+@op("masked_softmax", ["x", "mask?"], attrs={"axis": -1, "nan_fix": 0, "nan_value": 0.0},
+    groups={"normalizing", "fused"})
+def _masked_softmax(node, a, ins):
+    if ins[1] is not None and broadcast(ins[0].shape, ins[1].shape) is None:
+        _fail(node, f"mask shape {list(ins[1].shape)} does not broadcast to scores {list(ins[0].shape)}")
+    shape = ins[0].shape if ins[1] is None else broadcast(ins[0].shape, ins[1].shape)
+    return [(shape, ins[0].dtype)]
+
+
+@op("matmul_add", ["a", "b", "c*"], groups={"matmul", "mac", "fused"}, macs=_matmul_macs)
+def _matmul_add(node, a, ins):
+    shape = _matmul_shape(node, ins[0].shape, ins[1].shape)
+    for v in ins[2:]:
+        if broadcast(shape, v.shape) != tuple(shape):
+            _fail(node, f"addend {v.name!r} of shape {list(v.shape)} does not broadcast to the product's "
+                        f"shape {list(shape)}")
+    return [(shape, ins[0].dtype)]
+
+
+@op("affine_activation", ["x"], attrs={"s0": 1.0, "t0": 0.0, "activation": "", "activation_params": [],
+                                       "s1": 1.0, "t1": 0.0},
+    groups={"elementwise", "unary", "fused"}, macs=lambda a, ins, outs: 2 * numel(outs[0]))
+def _affine_activation(node, a, ins):
+    check_activation(node, a)
+    return _same(node, a, ins)
