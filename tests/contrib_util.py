@@ -66,15 +66,16 @@ def run_all(m, feeds, tmp_path, backends=BACKENDS):
     return want, got
 
 
-def check_like(m, oracle, feeds, tmp_path, *, atol=1e-5, rtol=1e-5, backends=BACKENDS):
-    """For ops ONNX Runtime runs on CUDA only: npurun on `m` equals ONNX Runtime on `oracle`, the
-    same computation written in standard ONNX ops (same input and output names)."""
+def check_like(m, oracle, feeds, tmp_path, *, atol=1e-5, rtol=1e-5, backends=BACKENDS, oracle_feeds=None):
+    """For ops or forms ONNX Runtime runs on CUDA only: npurun on `m` equals ONNX Runtime on
+    `oracle`, the same computation written in ops (or forms) its CPU kernels take (same output
+    names; `oracle_feeds` where its inputs differ)."""
     path = tmp_path / "m.onnx"
     onnx.save(m, path)
     g = npurun.load(path)
     sess = ort.InferenceSession(oracle.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in oracle.graph.output]
-    want = dict(zip(names, sess.run(names, feeds)))
+    want = dict(zip(names, sess.run(names, feeds if oracle_feeds is None else oracle_feeds)))
     for b in backends:
         got = npurun.Executor(device=b).run_sync(g, feeds)
         for k, w in want.items():
