@@ -1,0 +1,149 @@
+"""GroupQueryAttention, the attention of ONNX Runtime GenAI's model builder (Llama, Phi, Qwen,
+Mistral...): grouped heads (Nq query heads read Nkv key/value heads), a KV cache of per-row
+lengths, rotary embeddings applied inside, a causal mask with an optional sliding window,
+softcap, and softmax sinks (smooth_softmax, head_sink).
+
+Per batch row b, T_b = seqlens_k[b] + 1 tokens are valid after this step; with a past cache
+the new S tokens sit at positions P_b = T_b - S .. T_b - 1 (P_b = 0 for a first prompt, no
+past), are appended to the cache there, and query s (position P_b + s) sees keys
+max(0, P_b + s - window + 1) .. P_b + s. present_key/value are (B, Nkv, max(past length,
+total_sequence_length), H), zeros past each row's T_b.
+
+Not taken (a clear error at import): quantized KV caches, query_seqlens (chunked prefill),
+sliding_window_cache, per-head Q/K norms and the QK output, which are CUDA-side options.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.ops import _fail
+from ..registry import REQUIRED
+from ._common import F32, ms_op
+
+FLOATS = ("f32", "f16", "bf16")
+
+
+def _rope(x, cos, sin, pos, interleaved):
+    """x (B, N, S, H) rotated by the caches' rows at pos (B, S); the rotary dim is 2*cos.shape[1]."""
+    dim = 2 * cos.shape[1]
+    c, s_ = cos[pos][:, None], sin[pos][:, None]  # (B, 1, S, dim/2)
+    rot = x[..., :dim]
+    x1, x2 = (rot[..., 0::2], rot[..., 1::2]) if interleaved else np.split(rot, 2, axis=-1)
+    real, imag = c * x1 - s_ * x2, s_ * x1 + c * x2
+    rot = np.stack([real, imag], axis=-1).reshape(rot.shape) if interleaved else np.concatenate([real, imag], -1)
+    return np.concatenate([rot, x[..., dim:]], axis=-1)
+
+
+def gqa_with(work, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+             total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None,
+             head_sink=None, *rest, num_heads, kv_num_heads, scale, softcap, local_window_size, do_rotary,
+             rotary_interleaved, smooth_softmax, causal, **unused):
+    b, s = query.shape[0], query.shape[1]
+    nq, nkv = num_heads, kv_num_heads
+    if key is None:  # packed (B, S, (Nq + 2 Nkv) H)
+        h = query.shape[2] // (nq + 2 * nkv)
+        query, key, value = np.split(query, [nq * h, (nq + nkv) * h], axis=2)
+    h = query.shape[2] // nq
+    q = np.asarray(query, work).reshape(b, s, nq, h).transpose(0, 2, 1, 3)
+    k = np.asarray(key, work).reshape(b, s, nkv, h).transpose(0, 2, 1, 3)
+    v = np.asarray(value, work).reshape(b, s, nkv, h).transpose(0, 2, 1, 3)
+    total = seqlens_k.astype(np.int64) + 1  # valid tokens per row after this step
+    p_len = 0 if past_key is None else past_key.shape[2]
+    first = p_len == 0
+    start = np.zeros(b, np.int64) if first else total - s  # where the new tokens go
+    if do_rotary:
+        pos = position_ids.astype(np.int64) if position_ids is not None else start[:, None] + np.arange(s)[None, :]
+        cos, sin = np.asarray(cos_cache, work), np.asarray(sin_cache, work)
+        q, k = _rope(q, cos, sin, pos, rotary_interleaved), _rope(k, cos, sin, pos, rotary_interleaved)
+    cap = max(p_len, int(np.asarray(total_sequence_length).reshape(-1)[0]))
+    pk = np.zeros((b, nkv, cap, h), work)
+    pv = np.zeros((b, nkv, cap, h), work)
+    for r in range(b):  # the row's past up to its new tokens, then them; zeros after
+        if past_key is not None:
+            pk[r, :, :start[r]], pv[r, :, :start[r]] = past_key[r, :, :start[r]], past_value[r, :, :start[r]]
+        n_new = min(s, cap - int(start[r]))
+        pk[r, :, start[r]:start[r] + n_new] = k[r, :, :n_new]
+        pv[r, :, start[r]:start[r] + n_new] = v[r, :, :n_new]
+    group = nq // nkv
+    kx, vx = np.repeat(pk, group, axis=1), np.repeat(pv, group, axis=1)
+    sc = 1.0 / np.sqrt(h) if scale in (None, 0.0) else scale
+    scores = (q @ np.swapaxes(kx, -1, -2)) * sc  # (B, Nq, S, cap)
+    if softcap:
+        scores = softcap * np.tanh(scores / softcap)
+    if attention_bias is not None:
+        scores = scores + np.asarray(attention_bias, work)
+    j = np.arange(cap)[None, None, :]
+    qpos = start[:, None, None] + np.arange(s)[None, :, None]  # (B, S, 1)
+    allowed = (j < total[:, None, None]) & np.ones((1, s, 1), bool)
+    if causal:
+        allowed = allowed & (j <= qpos)
+    if local_window_size >= 0:
+        allowed = allowed & (j > qpos - local_window_size)
+    scores = np.where(allowed[:, None], scores, -np.inf)
+    # Softmax with a sink logit in the denominator: 0 (smooth_softmax) or head_sink[h].
+    m = scores.max(axis=-1, keepdims=True)
+    sink = None
+    if head_sink is not None:
+        sink = np.asarray(head_sink, work).reshape(1, nq, 1, 1)
+    elif smooth_softmax == 1:
+        sink = np.zeros((1, 1, 1, 1), work)
+    if sink is not None:
+        m = np.maximum(m, sink)
+    e = np.exp(scores - m)
+    den = e.sum(axis=-1, keepdims=True) + (0 if sink is None else np.exp(sink - m))
+    y = (e / den) @ vx
+    y = y.transpose(0, 2, 1, 3).reshape(b, s, nq * h).astype(query.dtype)
+    return y, pk.astype(query.dtype), pv.astype(query.dtype)
+
+
+def _gqa_rule(ins, a, node):
+    q = ins[0]
+    key = ins[1] if len(ins) > 1 else None
+    nq, nkv = a["num_heads"], a["kv_num_heads"]
+    for opt in ("k_quant_type", "v_quant_type"):
+        if a[opt] not in ("NONE", ""):
+            _fail(node, f"{opt}={a[opt]}: quantized KV caches are not supported")
+    if a["kv_cache_bit_width"] or a["sliding_window_cache"] or a["qk_output"]:
+        _fail(node, "kv_cache_bit_width, sliding_window_cache and qk_output are not supported")
+    if len(ins) > 16 and ins[16] is not None or any(len(ins) > i and ins[i] is not None for i in (12, 13, 14, 15)):
+        _fail(node, "k_scale/v_scale, q_norm_weight/k_norm_weight and query_seqlens are not supported")
+    if nkv <= 0 or nq % nkv:
+        _fail(node, f"num_heads {nq} must be a multiple of kv_num_heads {nkv}")
+    if len(q.shape) != 3:
+        _fail(node, f"query must be (B, S, D), got {list(q.shape)}")
+    if a["do_rotary"] and (len(ins) < 9 or ins[7] is None or ins[8] is None):
+        _fail(node, "do_rotary needs cos_cache and sin_cache")
+    width = q.shape[2]
+    packed = key is None
+    heads_ = nq + 2 * nkv if packed else nq
+    h = width // heads_ if isinstance(width, int) else "?"
+    b, s = q.shape[0], q.shape[1]
+    past = ins[3] if len(ins) > 3 else None
+    total = ins[6]
+    cap = "?"
+    if total is not None and total.data is not None:
+        t = int(np.asarray(total.data).reshape(-1)[0])
+        cap = max(t, past.shape[2]) if past is not None and isinstance(past.shape[2], int) else t
+    return [((b, s, nq * h if isinstance(h, int) else "?"), q.dtype), ((b, nkv, cap, h), q.dtype),
+            ((b, nkv, cap, h), q.dtype)]
+
+
+def _gqa_macs(a, ins, outs):
+    b, s, d = outs[0]
+    cap = outs[1][2] if len(outs) > 1 else s
+    return 2 * b * s * cap * d
+
+
+ms_op("group_query_attention", "GroupQueryAttention",
+      inputs=["query", "key?", "value?", "past_key?", "past_value?", "seqlens_k", "total_sequence_length",
+              "cos_cache?", "sin_cache?", "position_ids?", "attention_bias?", "head_sink?", "k_scale?", "v_scale?",
+              "q_norm_weight?", "k_norm_weight?", "query_seqlens?"],
+      outputs=["output", "present_key?", "present_value?"],
+      attrs={"num_heads": REQUIRED, "kv_num_heads": REQUIRED, "scale": None, "softcap": 0.0, "local_window_size": -1,
+             "do_rotary": 0, "rotary_interleaved": 0, "smooth_softmax": -1, "causal": 1, "qk_output": 0,
+             "k_quant_type": "NONE", "v_quant_type": "NONE", "kv_cache_bit_width": 0, "sliding_window_cache": 0,
+             "qk_norm_epsilon": 1e-6, "q_norm_epsilon": None, "k_norm_epsilon": None},
+      groups={"attention", "mac"}, dtypes={"query": FLOATS, "seqlens_k": ("i32",), "total_sequence_length": ("i32",)},
+      shape=_gqa_rule, macs=_gqa_macs, unit="matrix",
+      reference=lambda *args, **at: gqa_with(np.float64, *args, **at),
+      cpu=lambda *args, **at: gqa_with(F32, *args, **at))

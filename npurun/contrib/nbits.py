@@ -1,0 +1,114 @@
+"""MatMulNBits: a float A times a weight matrix quantized to 2, 4 or 8 bits in blocks along K,
+as ONNX Runtime's MatMulNBitsQuantizer and the GenAI model builder write it.
+
+B is (N, k_blocks, blob_size) uint8, k_blocks = ceil(K / block_size), each blob the block's
+`bits`-bit values packed from the low bits of each byte up. Scales are (N, k_blocks) (or
+flat); zero points are packed the same way (uint8; default 2^(bits-1)) or floats of the
+scales' shape. With g_idx (K,), row k of the weights uses block g_idx[k] (act-order). Then
+Y = A @ dequantize(B)^T (+ bias): (..., K) -> (..., N). (ONNX Runtime 1.32's CPU kernel ignores
+packed zero points when g_idx is given, using 2^(bits-1); npurun applies them, as the operator's
+definition says.)
+
+The reference dequantizes on every call; the cpu kernel dequantizes a constant weight once to
+float32 (K, N), keeps it, and runs the cpu backend's matmul.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.reference.kernels import KERNELS as REF
+from ..ir.ops import _fail
+from ..registry import REQUIRED
+from ._common import F32, matmul_shape, ms_op
+
+FLOATS = ("f32", "f16", "bf16")
+
+
+def unpack(packed, bits, count):
+    """The first `count` bits-wide values of each row of bytes, low bits first: (..., bytes) ->
+    (..., count) int32."""
+    per = 8 // bits
+    shifts = (np.arange(per) * bits).astype(np.uint8)
+    vals = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
+    return vals.reshape(*packed.shape[:-1], -1)[..., :count].astype(np.int32)
+
+
+def dequantize_weights(b, scales, zero_points, g_idx, *, K, N, bits, block_size):
+    """B's (N, K) float32 weights."""
+    k_blocks = -(-K // block_size)
+    q = unpack(b.reshape(N, k_blocks, -1), bits, block_size).reshape(N, k_blocks * block_size)[:, :K]
+    s = scales.astype(F32).reshape(N, k_blocks)
+    if zero_points is None:
+        z = np.full((N, k_blocks), 1 << (bits - 1), F32)
+    elif zero_points.dtype == np.uint8:
+        z = unpack(zero_points.reshape(N, -1), bits, k_blocks).astype(F32)
+    else:
+        z = zero_points.astype(F32).reshape(N, k_blocks)
+    blocks = np.arange(K) // block_size if g_idx is None else g_idx.astype(np.int64).reshape(K)
+    return (q.astype(F32) - z[:, blocks]) * s[:, blocks]
+
+
+def matmul_nbits_with(mm, weights, a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits,
+                      block_size, accuracy_level, weight_prepacked):
+    w = weights(b, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size)  # (N, K)
+    y = mm(a.astype(F32), w.T)
+    if bias is not None:
+        y = y + bias.astype(F32)
+    return y.astype(a.dtype)
+
+
+def _rule(ins, a, node):
+    x, b, scales = ins[0], ins[1], ins[2]
+    k, n, bits, bs = a["K"], a["N"], a["bits"], a["block_size"]
+    if bits not in (2, 4, 8):
+        _fail(node, f"bits={bits}: expected 2, 4 or 8")
+    if bs < 16 or bs & (bs - 1):
+        _fail(node, f"block_size={bs}: expected a power of 2, at least 16")
+    if a["weight_prepacked"]:
+        _fail(node, "weight_prepacked B (a CUDA layout) is not supported")
+    k_blocks, blob = -(-k // bs), bs * bits // 8
+    if tuple(b.shape) not in ((n, k_blocks, blob), (n, k_blocks * blob)):
+        _fail(node, f"B has shape {list(b.shape)}; K={k}, N={n}, bits={bits}, block_size={bs} need "
+                    f"[{n}, {k_blocks}, {blob}]")
+    if isinstance(x.shape[-1], int) and x.shape[-1] != k:
+        _fail(node, f"A's last axis {x.shape[-1]} is not K={k}")
+    sd = scales.shape
+    if all(isinstance(d, int) for d in sd) and int(np.prod(sd)) != n * k_blocks:
+        _fail(node, f"scales {list(sd)} must hold N x k_blocks = {n * k_blocks} values")
+    return [(matmul_shape(x.shape, (k, n), node), x.dtype)]
+
+
+class _Dequantized:
+    """dequantize_weights, kept per constant B (the graph's own arrays: ids stay theirs)."""
+
+    def __init__(self, program):
+        self.program, self.cache, self.consts = program, {}, None
+
+    def __call__(self, b, scales, zero_points, g_idx, **attrs):
+        if self.consts is None:
+            self.consts = {id(v.data): v.data for v in self.program.graph.constants() if v.data is not None}
+        key = (id(b), id(scales), id(zero_points), id(g_idx))
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        w = dequantize_weights(b, scales, zero_points, g_idx, **attrs)
+        if all(x is None or self.consts.get(id(x)) is x for x in (b, scales, zero_points, g_idx)):
+            self.cache[key] = w
+        return w
+
+
+def _cpu(program):
+    from ..backends.cpu.ops import FACTORIES
+    make = FACTORIES.get("matmul")
+    mm = make(program) if make is not None else REF["matmul"]
+    weights = _Dequantized(program)
+    return lambda *args, **at: matmul_nbits_with(mm, weights, *args, **at)
+
+
+ms_op("matmul_nbits", "MatMulNBits", inputs=["A", "B", "scales", "zero_points?", "g_idx?", "bias?"],
+      attrs={"K": REQUIRED, "N": REQUIRED, "bits": 4, "block_size": REQUIRED, "accuracy_level": 0,
+             "weight_prepacked": 0},
+      groups={"matmul", "mac", "quant"}, dtypes={"A": FLOATS, "B": ("u8",), "g_idx": ("i32",)}, shape=_rule,
+      macs=lambda a, ins, outs: int(np.prod(outs[0])) * a["K"], unit="matrix",
+      reference=lambda *args, **at: matmul_nbits_with(REF["matmul"], dequantize_weights, *args, **at),
+      cpu_factory=_cpu)
