@@ -1,6 +1,6 @@
 """The corpus of real architectures npurun is judged on (issue J): what each model is, where it
 comes from, and the inputs it runs on. bench/corpus.py builds and measures them;
-tests/corpus/ checks each against ONNX Runtime.
+tests/corpus_check/ checks each against ONNX Runtime.
 
 Producers (what wrote the ONNX file — each exporter has its own habits):
 

@@ -1,4 +1,4 @@
-/* Fused elementwise chains of npurun's cpu backend (npurun/backends/cpu/chains.py): one pass
+/* Fused elementwise chains of npurun's cpu backend (ops/fused.py, made by passes/fuse_affine_chain.py): one pass
  * over memory for what the graph writes as several elementwise nodes, e.g. PP-LCNet's
  * "learnable affine" after an activation, s1 * hard_swish(s0 * x + t0) + t1 (4-8 nodes).
  *
@@ -28,4 +28,52 @@ void npr_affine_act(const float *x, float *y, long n, float s0, float t0, int ac
         _mm256_storeu_ps(t, _mm256_fmadd_ps(a1, npr_act(u, act, al, be), b1));
         memcpy(y + i, t, sizeof(float) * k);
     }
+}
+
+/* Per-channel ops over x laid out (outer, C, inner): channel c of every outer index is a run
+ * of `inner` contiguous floats (NCHW: outer = N, inner = H*W). */
+
+/* y = act(x * s[c] + t[c]): an inference BatchNorm standing alone (after a concat, before an
+ * activation: DenseNet, pre-activation ResNets), a per-channel scale and shift. s or t NULL
+ * means 1 or 0. */
+void npr_channel_affine_act(const float *x, float *y, long outer, long C, long inner, const float *s,
+                            const float *t, int act, float alpha, float beta)
+{
+    __m256 al = _mm256_set1_ps(alpha), be = _mm256_set1_ps(beta);
+    for (long o = 0; o < outer; o++)
+        for (long c = 0; c < C; c++) {
+            const float *xs = x + (o * C + c) * inner;
+            float *ys = y + (o * C + c) * inner;
+            __m256 a = _mm256_set1_ps(s ? s[c] : 1.0f), b = _mm256_set1_ps(t ? t[c] : 0.0f);
+            long i = 0;
+            for (; i + 8 <= inner; i += 8)
+                _mm256_storeu_ps(ys + i, npr_act(_mm256_fmadd_ps(a, _mm256_loadu_ps(xs + i), b), act, al, be));
+            if (i < inner) {
+                float tmp[8] = {0};
+                long k = inner - i;
+                memcpy(tmp, xs + i, sizeof(float) * k);
+                _mm256_storeu_ps(tmp, npr_act(_mm256_fmadd_ps(a, _mm256_loadu_ps(tmp), b), act, al, be));
+                memcpy(ys + i, tmp, sizeof(float) * k);
+            }
+        }
+}
+
+/* y = x >= 0 ? x : slope[c] * x: PRelu with one slope per channel (MTCNN, ArcFace-style face
+ * models put it after every conv). */
+void npr_prelu_channels(const float *x, float *y, long outer, long C, long inner, const float *slope)
+{
+    __m256 zero = _mm256_setzero_ps();
+    for (long o = 0; o < outer; o++)
+        for (long c = 0; c < C; c++) {
+            const float *xs = x + (o * C + c) * inner;
+            float *ys = y + (o * C + c) * inner;
+            __m256 a = _mm256_set1_ps(slope[c]);
+            long i = 0;
+            for (; i + 8 <= inner; i += 8) {
+                __m256 v = _mm256_loadu_ps(xs + i);
+                _mm256_storeu_ps(ys + i, _mm256_blendv_ps(v, _mm256_mul_ps(v, a), _mm256_cmp_ps(v, zero, _CMP_LT_OQ)));
+            }
+            for (; i < inner; i++)
+                ys[i] = xs[i] < 0 ? slope[c] * xs[i] : xs[i];
+        }
 }

@@ -32,7 +32,9 @@ from .fuse_hard_swish import fuse_hard_swish
 from .fuse_masked_softmax import fuse_masked_softmax
 from .fuse_matmul_add import fuse_matmul_add
 from .fuse_ops import fuse_ops
+from .fuse_pad import fuse_pad
 from .fuse_swish import fuse_swish
+from .push_transposes import push_transposes
 from .remove_noops import remove_noops
 from .simplify_shapes import simplify_shapes
 from .sink_gather import sink_gather
@@ -44,10 +46,11 @@ Pass = Callable[[Graph], Graph]
 # callers that know those append them (npurun.compile, the Executor).
 #
 # Order: folding and shape simplification first (they turn computed shapes into constants,
-# which the no-op and fusion patterns need); BatchNorm folding before fusion (a folded conv
-# may then take a following bias); dead-code removal last, to drop what the others bypassed.
-STANDARD: list[Pass] = [fold_constants, simplify_shapes, fold_constants, remove_noops, fold_batchnorm,
-                        fuse_ops, remove_noops, eliminate_dead_code]
+# which the no-op and fusion patterns need); transposes pushed down before fusion (fuse_ops
+# merges the ones that meet, remove_noops drops identities); BatchNorm folding before fusion
+# (a folded conv may then take a following bias); dead-code removal last.
+STANDARD: list[Pass] = [fold_constants, simplify_shapes, fold_constants, remove_noops, push_transposes,
+                        fuse_pad, fold_batchnorm, fuse_ops, remove_noops, eliminate_dead_code]
 # The cpu backend's lowering: affines into convs first (a conv + BN + ReLU then takes the ReLU
 # as its epilogue), activations spelled out in ops made single ops before the epilogue
 # fusion, the softmax's mask add before the matmul adds (which would take it otherwise), the
@@ -94,8 +97,11 @@ def prepare(graph: Graph, device: str, shapes: dict | None = None, *, verify_eac
 
 def _bind_inputs(g: Graph, shapes: dict) -> None:
     """Input values whose dims are symbolic take the concrete dims of `shapes` (a mismatch is
-    left for the run's input check to report)."""
+    left for the run's input check to report), and every value's shape is inferred again from
+    them in order: a dim inference now knows replaces a symbol or a `?`."""
+    from ..ir.ops import infer_node
     from ..ir.shapes import bind
+    changed = False
     for name in g.inputs:
         v = g.values[name]
         s = shapes.get(name)
@@ -103,6 +109,18 @@ def _bind_inputs(g: Graph, shapes: dict) -> None:
             continue
         if bind(v.shape, tuple(s), {}):
             v.shape = tuple(int(d) for d in s)
+            changed = True
+    if not changed:
+        return
+    for n in g.nodes:
+        try:
+            inferred = infer_node(n, g.values)
+        except Exception:  # noqa: BLE001 -- a node inference cannot judge keeps its declaration
+            continue
+        for nm, (shape, _dtype, _kind) in zip(n.outputs, inferred):
+            v = g.values[nm]
+            if len(shape) == len(v.shape):
+                v.shape = tuple(s if isinstance(s, int) else d for d, s in zip(v.shape, shape))
 
 
 def run_pipeline(g: Graph, passes: list[Pass], *, verify_each: bool = False) -> Graph:

@@ -84,6 +84,13 @@ def _load():
     lib.npr_activation_mt.restype = None
     lib.npr_activation.argtypes = [P, P, L, I, F, F]
     lib.npr_activation.restype = None
+    # csrc/chain.c: elementwise chains and per-channel ops (cpu/ops/fused.py, ops/channelwise.py)
+    lib.npr_affine_act.argtypes = [P, P, L, F, F, I, F, F, F, F]
+    lib.npr_affine_act.restype = None
+    lib.npr_channel_affine_act.argtypes = [P, P, L, L, L, P, P, I, F, F]
+    lib.npr_channel_affine_act.restype = None
+    lib.npr_prelu_channels.argtypes = [P, P, L, L, L, P]
+    lib.npr_prelu_channels.restype = None
     return lib, ""
 
 

@@ -13,8 +13,6 @@ the reference kernel.
 """
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from ...reference.kernels import KERNELS as REF
@@ -23,15 +21,8 @@ from . import matmul as MM
 from . import transformer as T
 
 # csrc/chain.c: y[i] = s1 * act(s0 * x[i] + t0) + t1 (activation codes of csrc/act.h)
-CHAIN_ACTS = ("relu", "sigmoid", "tanh", "hard_swish", "hard_sigmoid", "leaky_relu")
-if native.LIB is not None and hasattr(native.LIB, "npr_affine_act"):
-    _F = ctypes.c_float
-    native.LIB.npr_affine_act.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, _F, _F,
-                                          ctypes.c_int, _F, _F, _F, _F]
-    native.LIB.npr_affine_act.restype = None
-    AFFINE_ACT = native.LIB.npr_affine_act
-else:
-    AFFINE_ACT = None
+CHAIN_ACTS = ("relu", "sigmoid", "tanh", "hard_swish", "hard_sigmoid", "leaky_relu", "clip", "silu")
+AFFINE_ACT = None if native.LIB is None else native.LIB.npr_affine_act
 
 
 def make_masked_softmax(program):

@@ -1,0 +1,65 @@
+"""Per-channel elementwise ops on the cpu backend, one pass over memory (csrc/chain.c):
+
+- `prelu` with one slope per channel (shape (C,1,1), (1,C,1,1), (C,) on a 2-D input, or a
+  scalar): MTCNN puts one after every conv; NumPy's np.where(x < 0, s * x, x) makes three
+  passes and two temporaries;
+- `batch_normalization` in inference form standing alone (DenseNet's after each concat,
+  pre-activation ResNets'; one after a conv is folded into it by the passes): y = x * s + t
+  per channel, s and t computed once per node from constant parameters.
+
+Anything else (other dtypes, other broadcasts, parameters computed at run time) runs the
+reference kernel. Checked against it in tests/test_cpu_fused.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...reference.kernels import KERNELS as REF
+from .. import native
+
+BIG = 1 << 14  # (a smaller tensor: NumPy is as fast as a ctypes call)
+
+
+def _channels(x, p):
+    """(outer, C, inner) of x when p holds one value per channel (axis 1) or one in all."""
+    if x.dtype != np.float32 or p.dtype != np.float32 or x.ndim < 2:
+        return None
+    c = x.shape[1]
+    if p.size == 1:
+        return None if p.ndim > x.ndim else (1, 1, x.size)
+    shape = (1,) * (x.ndim - p.ndim) + p.shape
+    if shape[1] != c or any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return None
+    return x.shape[0], c, int(np.prod(x.shape[2:], dtype=np.int64))
+
+
+def make_prelu(program):
+    def prelu(x, slope):
+        dims = _channels(x, slope) if x.size >= BIG else None
+        if dims is None:
+            return REF["prelu"](x, slope)
+        x = np.ascontiguousarray(x)
+        s = np.ascontiguousarray(slope, np.float32).reshape(-1)
+        y = np.empty_like(x)
+        native.LIB.npr_prelu_channels(native.ptr(x), native.ptr(y), *dims, native.ptr(s))
+        return y
+    return prelu
+
+
+def make_batch_normalization(program):
+    def batch_normalization(x, scale, bias, mean, var, *, epsilon, **attrs):
+        if x.dtype != np.float32 or x.ndim < 2 or x.size < BIG or attrs.get("training_mode") \
+                or any(p.shape != (x.shape[1],) for p in (scale, bias, mean, var)):
+            return REF["batch_normalization"](x, scale, bias, mean, var, epsilon=epsilon, **attrs)
+        s64 = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + epsilon)
+        s, t = s64.astype(np.float32), (bias - mean * s64).astype(np.float32)
+        x = np.ascontiguousarray(x)
+        y = np.empty_like(x)
+        inner = int(np.prod(x.shape[2:], dtype=np.int64))
+        native.LIB.npr_channel_affine_act(native.ptr(x), native.ptr(y), x.shape[0], x.shape[1], inner,
+                                          native.ptr(s), native.ptr(t), 0, 0.0, 0.0)
+        return y
+    return batch_normalization
+
+
+KERNELS = {} if native.LIB is None else {"prelu": make_prelu, "batch_normalization": make_batch_normalization}

@@ -1,0 +1,52 @@
+"""The cpu kernels of fused and per-channel ops (cpu/ops/fused.py, cpu/ops/channelwise.py)
+against their reference kernels on fresh random non-zero inputs: affine_activation with each
+activation the C pass takes (and one it does not), per-channel PRelu and standalone
+BatchNorm over several layouts, and the shapes that must fall back to the reference."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from npurun.backends.cpu import native
+from npurun.backends.cpu.ops import channelwise, fused
+from npurun.backends.reference.kernels import KERNELS as REF
+
+from conftest import nonzero_normal
+
+pytestmark = pytest.mark.skipif(native.LIB is None, reason=f"compiled kernels unavailable: {native.REASON}")
+PROG = SimpleNamespace(threads=1, pool=None)
+
+
+@pytest.mark.parametrize("act,params", [("", []), ("relu", []), ("hard_swish", []), ("leaky_relu", [0.2]),
+                                        ("clip", [-0.5, 1.5]), ("swish", [1.0]), ("elu", [0.7])])
+def test_affine_activation_matches_reference(rng, act, params):
+    x = nonzero_normal(rng, (3, 1001)) * 3
+    a = {"s0": 0.75, "t0": -0.25, "activation": act, "activation_params": params, "s1": -1.5, "t1": 0.125}
+    got = fused.KERNELS["affine_activation"](PROG)(x, **a)
+    want = REF["affine_activation"](x, **a)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("xshape,sshape", [((2, 16, 30, 40), (16, 1, 1)), ((1, 8, 60, 61), (1, 8, 1, 1)),
+                                           ((700, 32), (32,)), ((1, 5, 70, 70), (1,)), ((1, 4, 3, 3), (4, 1, 1))])
+def test_prelu_per_channel_matches_reference(rng, xshape, sshape):
+    x, s = nonzero_normal(rng, xshape), nonzero_normal(rng, sshape) * 0.3
+    got = channelwise.KERNELS["prelu"](PROG)(x, s)
+    np.testing.assert_array_equal(got, REF["prelu"](x, s))  # one multiply per element either way
+
+
+def test_prelu_broadcast_another_way_falls_back(rng):
+    x, s = nonzero_normal(rng, (2, 8, 40, 40)), nonzero_normal(rng, (40,))  # a slope per column
+    np.testing.assert_array_equal(channelwise.KERNELS["prelu"](PROG)(x, s), REF["prelu"](x, s))
+
+
+@pytest.mark.parametrize("xshape", [(2, 24, 33, 17), (1, 64, 128), (3, 16, 40, 40, 2)])
+def test_standalone_batch_norm_matches_reference(rng, xshape):
+    c = xshape[1]
+    x = nonzero_normal(rng, xshape)
+    g, b, m = nonzero_normal(rng, (c,)), nonzero_normal(rng, (c,)), nonzero_normal(rng, (c,))
+    v = (rng.random(c) + 0.1).astype(np.float32)
+    got = channelwise.KERNELS["batch_normalization"](PROG)(x, g, b, m, v, epsilon=1e-3)
+    want = REF["batch_normalization"](x, g, b, m, v, epsilon=1e-3)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
