@@ -387,8 +387,9 @@ def _infer(op_name: str, inputs: tuple, rule, dtypes: dict):
                                   f"{op_name} expects {' or '.join(allowed) if not isinstance(allowed, str) else allowed}")
         try:
             out = _apply_rule(rule, ins, a, len(node.outputs), node)
-        except NpurunError as e:
-            raise VerifyError(f"{node.label()}: {e}") from None
+        except NpurunError as e:  # npurun's own helpers name the node already
+            msg = str(e)
+            raise VerifyError(msg if msg.startswith(node.label()) else f"{node.label()}: {msg}") from None
         except ValueError as e:
             raise VerifyError(f"{node.label()}: {e}") from None
         except Exception as e:  # noqa: BLE001 -- a bug in a user's rule, named as such

@@ -76,9 +76,12 @@ def _add(a, b):
 
 def _bias_rule(ins, a, node):
     x, b = ins[0], ins[1]
-    if broadcast(tuple(x.shape), tuple(b.shape)) != tuple(x.shape):
+    shape = broadcast(tuple(x.shape), tuple(b.shape))
+    for extra in ins[2:]:  # BiasAdd's skip
+        shape = None if shape is None or extra is None else broadcast(shape, tuple(extra.shape))
+    if shape is None or len(shape) != len(x.shape):
         _fail(node, f"bias {list(b.shape)} does not broadcast to the input {list(x.shape)}")
-    return [(x.shape, x.dtype)]
+    return [(shape, x.dtype)]
 
 
 def _split_rule(ins, a, node):

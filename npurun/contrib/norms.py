@@ -55,14 +55,15 @@ def _skip_rule(ins, a, node):
     x, skip, gamma = ins[0], ins[1], ins[2]
     if len(x.shape) not in (2, 3):
         _fail(node, f"input must be (B, S, H) or (N, H), got {list(x.shape)}")
-    if broadcast(tuple(x.shape), tuple(skip.shape)) != tuple(x.shape):
+    shape = broadcast(tuple(x.shape), tuple(skip.shape))  # (skip may know dims the input does not)
+    if shape is None or len(shape) != len(x.shape):
         _fail(node, f"skip {list(skip.shape)} does not broadcast to the input {list(x.shape)}")
     h = x.shape[-1]
     for v, role in ((gamma, "gamma"), *((w, r) for w, r in zip(ins[3:], ("beta", "bias")) if w is not None)):
         if len(v.shape) != 1 or isinstance(h, int) and isinstance(v.shape[0], int) and v.shape[0] != h:
             _fail(node, f"{role} must be ({h},), got {list(v.shape)}")
-    stats = (_stats_shape(x.shape), "f32")
-    return [(x.shape, x.dtype), stats, stats, (x.shape, x.dtype)]
+    stats = (_stats_shape(shape), "f32")
+    return [(shape, x.dtype), stats, stats, (shape, x.dtype)]
 
 
 _SKIP_OUT = ["output", "mean?", "inv_std_var?", "input_skip_bias_sum?"]
