@@ -51,7 +51,22 @@ def _npurun(path, feeds, device):
     return sess.run(None, feeds)
 
 
+def _text_and_cost(path, feeds):
+    """The imported model prints as .npuir and parses back equal, and npusim costs every
+    contrib node (matrix ones with their MACs)."""
+    from npurun.backends.npusim.simulate import estimate
+    from npurun.ir.ops import OPS
+    g = npurun.load(path)
+    saved = npurun.save(g, path.with_suffix(".npuir"))
+    assert npurun.load(saved) == g
+    rep = estimate(g, "x-elite-hexagon", {k: v.shape for k, v in feeds.items()})
+    for n, t in zip(g.nodes, rep.nodes):
+        if n.op.startswith("com.microsoft.") and OPS[n.op].unit == "matrix":
+            assert t.macs > 0 and t.time_s > 0, (n.op, t)
+
+
 def _check(path, feeds, *, atol, rtol=1e-4):
+    _text_and_cost(path, feeds)
     want = _ort(path, feeds)
     for b in BACKENDS:
         got = _npurun(path, feeds, b)

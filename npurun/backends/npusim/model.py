@@ -220,7 +220,11 @@ def node_timings(g: Graph, dev: Device, shapes: dict, placement: dict[str, str],
             continue
         ins = [shapes.get(x) if x else None for x in n.inputs]
         outs = [shapes.get(o) for o in n.outputs]
-        if is_matrix_node(n, shapes) and mat.macs_per_cycle.get(prec, 0) > 0 and all(ins[:2]):
+        if OPS[n.op].unit:  # registered through npurun.register_op: every operand it has
+            known = all(shapes.get(x) is not None for x in n.inputs if x)
+        else:  # the two a matrix product reads (a scalar scale's shape is (), not unknown)
+            known = all(s is not None for s in ins[:2])
+        if is_matrix_node(n, shapes) and mat.macs_per_cycle.get(prec, 0) > 0 and known:
             nt.unit = mat.name
             nt.macs = op_macs(n, ins, outs)
             nt.utilization = matrix_utilization(n, shapes, mat.tile)
