@@ -38,12 +38,15 @@ def concrete_values(g: Graph, input_shapes: dict[str, tuple]) -> dict:
     for n in g.nodes:
         try:
             for nm, (shape, dtype, kind) in zip(n.outputs, infer_node(n, vals)):
-                vals[nm] = replace(g.values[nm], shape=tuple(shape), dtype=dtype, kind=kind)
+                vals[nm] = replace(g.values[nm], shape=None if shape is None else tuple(shape), dtype=dtype,
+                                   kind=kind)
         except NpurunError:  # inference needs computed values: keep the graph's own types
             continue
         # Shape arithmetic (shape -> gather -> concat -> reshape) becomes known once the
         # input shapes are: fold it, so the values downstream get concrete shapes too.
         shapes = [vals[o].shape for o in n.outputs]
+        if any(vals[i].shape is None for i in n.inputs if i):
+            continue  # an operand of unknown rank is neither a constant nor a known shape
         if n.op in ("shape", "size") or all(_static(s) for s in shapes):
             try:
                 res = try_fold(n, vals, shapes)
@@ -65,7 +68,8 @@ def node_costs(g: Graph, input_shapes: dict[str, tuple]) -> list[NodeCost]:
     out = []
     for n in g.nodes:
         names = [i for i in n.inputs if i] + list(n.outputs)
-        shapes = {nm: tuple(vals[nm].shape) for nm in names if vals[nm].kind == "tensor"}
+        shapes = {nm: None if vals[nm].shape is None else tuple(vals[nm].shape)
+                  for nm in names if vals[nm].kind == "tensor"}
         nbytes = sum(numel(s) * to_numpy(vals[nm].dtype).itemsize for nm, s in shapes.items() if _static(s))
         ins = [shapes.get(i) if i else None for i in n.inputs]
         outs = [shapes.get(o) for o in n.outputs]

@@ -33,7 +33,7 @@ KINDS = ("tensor", "seq", "opt", "opt seq")
 @dataclass(eq=False)
 class Value:
     name: str
-    shape: tuple[Dim, ...]
+    shape: tuple[Dim, ...] | None  # None: rank unknown (see shapes.py)
     dtype: str
     space: str = DEFAULT_SPACE
     data: np.ndarray | None = None  # set for constants (weights)
@@ -56,8 +56,10 @@ class Value:
         return f"{kind}{format_shape(self.shape)} {self.dtype} {self.space}"
 
     def same_as(self, other: Value) -> bool:
-        if (self.name, tuple(self.shape), self.dtype, self.space, self.kind) != (
-            other.name, tuple(other.shape), other.dtype, other.space, other.kind):
+        def shape(v):
+            return None if v.shape is None else tuple(v.shape)
+        if (self.name, shape(self), self.dtype, self.space, self.kind) != (
+                other.name, shape(other), other.dtype, other.space, other.kind):
             return False
         if (self.data is None) != (other.data is None) or self.calib != other.calib:
             return False

@@ -4,6 +4,10 @@ A dim is an `int`, a symbol name (`"H"`), an affine expression of one symbol (`"
 `"H+2"`, `"2*W-1"`) or `"?"` (unknown). Affine forms cover what CNNs do to a symbolic image
 size (same-padded convs keep it, pixel shuffle multiplies it); anything else becomes `"?"`,
 and the runtime works with the concrete shapes of the arrays it is given.
+
+A shape itself may be unknown: `None` is a tensor of unknown rank (an If whose branches give
+different ranks, a Squeeze without axes of dims not known to be 1). It prints `[*]` (MLIR's
+unranked tensor). Ops whose inference needs the rank refuse such an operand (`OpDef.any_rank`).
 """
 import math
 import re
@@ -84,8 +88,8 @@ def dim_mul(a: Dim, b: Dim) -> Dim:
 
 
 def numel(shape) -> int | None:
-    """Element count, or None while any dim is symbolic."""
-    if all(isinstance(d, int) for d in shape):
+    """Element count, or None while any dim (or the rank) is unknown."""
+    if shape is not None and all(isinstance(d, int) for d in shape):
         return math.prod(shape)
     return None
 
@@ -107,8 +111,10 @@ def broadcast(a: tuple, b: tuple) -> tuple | None:
     return tuple(reversed(out))
 
 
-def bind(shape: tuple, actual: tuple, env: dict[str, int]) -> bool:
+def bind(shape: tuple | None, actual: tuple, env: dict[str, int]) -> bool:
     """Match a declared shape against an array's shape, binding plain symbols into `env`."""
+    if shape is None:  # unknown rank: any array matches
+        return True
     if len(shape) != len(actual):
         return False
     for d, n in zip(shape, actual):
@@ -125,5 +131,20 @@ def bind(shape: tuple, actual: tuple, env: dict[str, int]) -> bool:
     return True
 
 
+def is_static(shape) -> bool:
+    """Rank and every dim known."""
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
+def merge_shapes(a: tuple | None, b: tuple | None) -> tuple | None:
+    """The shape two values agree on (If branches, loop-carried values): dims that differ
+    become unknown; ranks that differ, or an unknown one, leave the rank unknown."""
+    if a is None or b is None or len(a) != len(b):
+        return None
+    return tuple(x if x == y else UNKNOWN for x, y in zip(a, b))
+
+
 def format_shape(shape) -> str:
+    if shape is None:
+        return "[*]"
     return "[" + ", ".join(str(d) for d in shape) + "]"

@@ -284,7 +284,10 @@ class _Parser:
             self.error(f"bad value kind {kind!r}; expected opt, seq or opt seq before the shape")
         self.expect("[")
         shape = []
-        while not self.accept("]"):
+        if self.peek().text == "*" and self.toks[self.i + 1].text == "]":  # `[*]`: rank unknown
+            self.i += 2
+            shape = None
+        while shape is not None and not self.accept("]"):
             start = self.peek()
             parts = []
             while self.peek().text not in (",", "]") and self.peek().kind not in ("nl", "eof"):
@@ -293,7 +296,7 @@ class _Parser:
             dim = int(d) if re.fullmatch(r"\d+", d) else d
             if not is_valid_dim(dim):
                 self.error(f"bad dimension {d!r}: expected a non-negative integer, a symbol, "
-                           f"an affine form like 3*H+1, or ?", start)
+                           f"an affine form like 3*H+1, or ? (a shape of unknown rank is [*])", start)
             shape.append(dim)
             if not self.accept(","):
                 self.expect("]")
@@ -304,7 +307,7 @@ class _Parser:
         space = DEFAULT_SPACE
         if self.peek().kind == "name" and self.peek().text.isupper():
             space = self.next().text
-        return tuple(shape), t.text, space, kind
+        return (None if shape is None else tuple(shape)), t.text, space, kind
 
     def typed_value(self, allow_untyped: bool = True) -> str:
         tok = self.peek()
@@ -332,7 +335,7 @@ class _Parser:
         tok = self.peek()
         nm = self.typed_value()
         v = self.g.values[nm]
-        if any(not isinstance(d, int) for d in v.shape):
+        if v.shape is None or any(not isinstance(d, int) for d in v.shape):
             self.error(f"constant {nm!r} must have a static shape", tok)
         if self.accept("="):
             lit = self.next()

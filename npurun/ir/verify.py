@@ -6,13 +6,20 @@ from ..errors import VerifyError
 from .dtypes import DTYPES
 from .graph import MEMORY_SPACES, Graph
 from .ops import OPS, REQUIRED, infer_node
-from .shapes import UNKNOWN, is_valid_dim
+from .shapes import UNKNOWN, format_shape, is_valid_dim
 
 
 def _dims_conflict(a, b) -> bool:
     if a == b or a == UNKNOWN or b == UNKNOWN:
         return False
     return isinstance(a, int) and isinstance(b, int) or isinstance(a, str) and isinstance(b, str)
+
+
+def _shapes_conflict(a, b) -> bool:
+    """A declared and an inferred shape contradict each other (an unknown rank never does)."""
+    if a is None or b is None:
+        return False
+    return len(a) != len(b) or any(_dims_conflict(x, y) for x, y in zip(a, b))
 
 
 def verify(g: Graph, *, where: str = "", outer: frozenset = frozenset(), scope: str = "") -> Graph:
@@ -28,10 +35,10 @@ def verify(g: Graph, *, where: str = "", outer: frozenset = frozenset(), scope: 
             fail(f"value {v.name!r} has unknown dtype {v.dtype!r}")
         if v.space not in MEMORY_SPACES:
             fail(f"value {v.name!r} is in unknown memory space {v.space!r}; known: {', '.join(MEMORY_SPACES)}")
-        if not all(is_valid_dim(d) for d in v.shape):
+        if v.shape is not None and not all(is_valid_dim(d) for d in v.shape):
             fail(f"value {v.name!r} has an invalid shape {list(v.shape)}")
-        if v.is_const and tuple(v.data.shape) != tuple(v.shape):
-            fail(f"constant {v.name!r} holds data of shape {list(v.data.shape)}, declared {list(v.shape)}")
+        if v.is_const and (v.shape is None or tuple(v.data.shape) != tuple(v.shape)):
+            fail(f"constant {v.name!r} holds data of shape {list(v.data.shape)}, declared {format_shape(v.shape)}")
     for nm in g.inputs:
         if nm not in g.values:
             fail(f"graph input {nm!r} is not a declared value")
@@ -85,8 +92,9 @@ def verify(g: Graph, *, where: str = "", outer: frozenset = frozenset(), scope: 
                 fail(f"{n.label()}: output {nm!r} declared {v.kind}, the op computes {kind}")
             if v.dtype != dtype:
                 fail(f"{n.label()}: output {nm!r} declared {v.dtype}, the op computes {dtype}")
-            if len(v.shape) != len(shape) or any(_dims_conflict(a, b) for a, b in zip(v.shape, shape)):
-                fail(f"{n.label()}: output {nm!r} declared {list(v.shape)}, the op computes {list(shape)}")
+            if _shapes_conflict(v.shape, shape):
+                fail(f"{n.label()}: output {nm!r} declared {format_shape(v.shape)}, the op computes "
+                     f"{format_shape(shape)}")
         defined.update(n.outputs)
     for nm in g.outputs:
         if nm not in defined:

@@ -79,13 +79,15 @@ class Ctx:
         while node.inputs and not node.inputs[-1]:
             node.inputs.pop()
         types = infer_node(node, self.graph.values)
-        folded = try_fold(node, self.graph.values, [t[0] for t in types]) if self.fold else None
+        # (an operand of unknown rank is neither a constant nor a known shape: nothing to fold)
+        ranked = all(self.graph.values[i].shape is not None for i in node.inputs if i)
+        folded = try_fold(node, self.graph.values, [t[0] for t in types]) if self.fold and ranked else None
         if folded is not None and all(a.dtype == to_numpy(t[1]) for a, t in zip(folded, types)):
             for nm, arr in zip(outputs, folded):
                 self.graph.const(nm, arr)
             return outputs
         for nm, (shape, dtype, kind) in zip(outputs, types):
-            self.graph.add_value(Value(nm, tuple(shape), dtype, kind=kind))
+            self.graph.add_value(Value(nm, None if shape is None else tuple(shape), dtype, kind=kind))
         self.graph.nodes.append(node)
         if name:
             self._node_names.add(name)

@@ -115,7 +115,7 @@ def _value_type(vi, where: str, syms: dict, top: bool = True) -> tuple | None:
     if not tt.HasField("shape"):
         if top and kind == "tensor":
             raise ModelError(f"{where}: input {vi.name!r} has no declared rank")
-        return (UNKNOWN,), dtype, kind
+        return None, dtype, kind  # a subgraph's input of unknown rank
     shape = []
     for d in tt.shape.dim:
         if d.HasField("dim_value") and d.dim_value >= 0:  # exporters write -1 for "dynamic"
@@ -241,7 +241,7 @@ class _Importer:
             if vi.name in g.values and outer is None:
                 continue  # old exporters list initializers among the inputs too
             typ = _value_type(vi, where, self.syms, top=outer is None)
-            if (typ is None or typ[0] == (UNKNOWN,)) and input_types and k < len(input_types):
+            if (typ is None or typ[0] is None) and input_types and k < len(input_types):
                 typ = input_types[k]
             if typ is None:
                 raise ModelError(f"{where}: subgraph {name!r} input {vi.name!r} has no type")

@@ -36,6 +36,8 @@ class OpDef:
     infer: Callable | None = None  # (node, attrs, [Value|None]) -> [(shape, dtype[, kind])]
     macs: Callable | None = None  # (attrs, in_shapes, out_shapes) -> int
     regions: tuple[str, ...] = ()  # attributes that hold subgraphs (control flow)
+    # The inference takes operands of unknown rank (shape None, shapes.py); other ops refuse them.
+    any_rank: bool = False
     # Ops registered through npurun.register_op (npurun/registry.py) may also say:
     domain: str = ""  # the ONNX domain they come from ("" for ai.onnx and npurun's own)
     bytes: Callable | None = None  # (attrs, [(shape, dtype)|None] in, out) -> bytes moved;
@@ -59,8 +61,9 @@ OPS: dict[str, OpDef] = {}
 
 
 def op(name, inputs, outputs=("y",), attrs=None, groups=(), macs=None, regions=(), **extra):
-    """Declare an op; `infer` is the decorated function. `extra` sets the OpDef fields that
-    ops registered through npurun.register_op carry (domain, bytes, unit, vector_ops)."""
+    """Declare an op; `infer` is the decorated function. `extra` sets the other OpDef fields:
+    any_rank, and those ops registered through npurun.register_op carry (domain, bytes,
+    unit, vector_ops)."""
     def register(infer):
         OPS[name] = OpDef(name, tuple(inputs), tuple(outputs), dict(attrs or {}),
                           frozenset(groups), infer, macs, tuple(regions), **extra)
@@ -122,6 +125,10 @@ def infer_node(node, values: dict) -> list[tuple]:
     if d is None:
         raise VerifyError(f"{node.label()}: unknown op {node.op!r}")
     ins = [values[i] if i else None for i in node.inputs]
+    if not d.any_rank:
+        for i, v in enumerate(ins):
+            if v is not None and v.shape is None:
+                _fail(node, f"operand {i} {v.name!r} has unknown rank; {node.op} needs to know it")
     if node.op in FLOAT_ONLY and ins[0] is not None and ins[0].dtype not in FLOAT_TYPES:
         _fail(node, f"operand {node.inputs[0]!r} has dtype {ins[0].dtype}; {node.op} expects a float type")
     return [r if len(r) == 3 else (r[0], r[1], "tensor") for r in d.infer(node, d.attrs_of(node), ins)]

@@ -6,7 +6,7 @@ Sequences are lists of tensors; an optional is a value or None.
 """
 from __future__ import annotations
 
-from ..shapes import UNKNOWN
+from ..shapes import UNKNOWN, merge_shapes
 from . import REQUIRED, _axis, _fail, op
 
 
@@ -15,14 +15,14 @@ def _types(region, names):
 
 
 def _merge(a, b):
-    """The type both branches agree on: dims that differ become unknown."""
+    """The type both branches agree on: dims that differ become unknown, and so does the rank
+    where the branches' ranks differ."""
     (sa, da, ka), (sb, _, _) = a, b
-    if len(sa) != len(sb):
-        return (tuple(UNKNOWN for _ in sa), da, ka)
-    return (tuple(x if x == y else UNKNOWN for x, y in zip(sa, sb)), da, ka)
+    return (merge_shapes(sa, sb), da, ka)
 
 
-@op("if", ["cond"], outputs=("y*",), regions=("then_branch", "else_branch"), groups={"control"})
+@op("if", ["cond"], outputs=("y*",), regions=("then_branch", "else_branch"), groups={"control"},
+    any_rank=True)
 def _if(node, a, ins):
     then, other = node.regions["then_branch"], node.regions["else_branch"]
     if len(then.outputs) != len(other.outputs) or len(then.outputs) != len(node.outputs):
@@ -32,7 +32,7 @@ def _if(node, a, ins):
 
 
 @op("loop", ["max_trip_count?", "cond?", "v_initial*"], outputs=("v_final_and_scan_outputs*",),
-    regions=("body",), groups={"control"})
+    regions=("body",), groups={"control"}, any_rank=True)
 def _loop(node, a, ins):
     body = node.regions["body"]
     n_carried = len(node.inputs) - 2
@@ -41,7 +41,7 @@ def _loop(node, a, ins):
         _fail(node, f"body takes {len(body.inputs)} inputs and gives {len(outs)} outputs; the loop "
                     f"carries {n_carried} values and has {len(node.outputs)} outputs")
     carried = outs[1:1 + n_carried]
-    scans = [((UNKNOWN,) + tuple(s), d, k) for s, d, k in outs[1 + n_carried:]]
+    scans = [(None if s is None else (UNKNOWN,) + tuple(s), d, k) for s, d, k in outs[1 + n_carried:]]
     return carried + scans
 
 
@@ -63,6 +63,9 @@ def _scan(node, a, ins):
     out_axes = a["scan_output_axes"] or [0] * len(scans)
     result = list(states)
     for (s, d, k), ax in zip(scans, out_axes):
+        if s is None:
+            result.append((None, d, k))
+            continue
         s = list(s)
         s.insert(ax % (len(s) + 1), length)
         result.append((tuple(s), d, k))
@@ -70,7 +73,7 @@ def _scan(node, a, ins):
 
 
 @op("sequence_map", ["input_sequence", "additional_inputs*"], outputs=("out_sequence*",),
-    regions=("body",), groups={"control"})
+    regions=("body",), groups={"control"}, any_rank=True)
 def _sequence_map(node, a, ins):
     body = node.regions["body"]
     return [(s, d, "seq") for s, d, _ in _types(body, body.outputs)]
@@ -83,9 +86,11 @@ def _seq_empty(node, a, ins):
     return [((UNKNOWN,), a["dtype"], "seq")]
 
 
-@op("sequence_construct", ["inputs*"], groups={"sequence"})
+@op("sequence_construct", ["inputs*"], groups={"sequence"}, any_rank=True)
 def _seq_construct(node, a, ins):
-    shape = ins[0].shape if all(v.shape == ins[0].shape for v in ins) else tuple(UNKNOWN for _ in ins[0].shape)
+    shape = ins[0].shape
+    for v in ins[1:]:
+        shape = merge_shapes(shape, v.shape)
     return [(shape, ins[0].dtype, "seq")]
 
 
@@ -93,16 +98,16 @@ def _seq_same(node, a, ins):
     return [(ins[0].shape, ins[0].dtype, "seq")]
 
 
-op("sequence_insert", ["input_sequence", "tensor", "position?"], groups={"sequence"})(_seq_same)
-op("sequence_erase", ["input_sequence", "position?"], groups={"sequence"})(_seq_same)
+op("sequence_insert", ["input_sequence", "tensor", "position?"], groups={"sequence"}, any_rank=True)(_seq_same)
+op("sequence_erase", ["input_sequence", "position?"], groups={"sequence"}, any_rank=True)(_seq_same)
 
 
-@op("sequence_at", ["input_sequence", "position"], groups={"sequence"})
+@op("sequence_at", ["input_sequence", "position"], groups={"sequence"}, any_rank=True)
 def _seq_at(node, a, ins):
     return [(ins[0].shape, ins[0].dtype, "tensor")]
 
 
-@op("sequence_length", ["input_sequence"], groups={"sequence"})
+@op("sequence_length", ["input_sequence"], groups={"sequence"}, any_rank=True)
 def _seq_len(node, a, ins):
     return [((), "i64", "tensor")]
 
@@ -122,15 +127,18 @@ def _split_to_seq(node, a, ins):
     return [(tuple(shape), x.dtype, "seq")]
 
 
-@op("concat_from_sequence", ["input_sequence"], attrs={"axis": REQUIRED, "new_axis": 0}, groups={"sequence"})
+@op("concat_from_sequence", ["input_sequence"], attrs={"axis": REQUIRED, "new_axis": 0}, groups={"sequence"},
+    any_rank=True)
 def _concat_from_seq(node, a, ins):
+    if ins[0].shape is None:
+        return [(None, ins[0].dtype, "tensor")]
     rank = len(ins[0].shape) + (1 if a["new_axis"] else 0)
     return [((UNKNOWN,) * rank, ins[0].dtype, "tensor")]
 
 
 # ---------------------------------------------------------------- optionals
 
-@op("optional", ["input?"], attrs={"dtype": None, "seq": 0}, groups={"optional"})
+@op("optional", ["input?"], attrs={"dtype": None, "seq": 0}, groups={"optional"}, any_rank=True)
 def _optional(node, a, ins):
     if ins and ins[0] is not None:
         v = ins[0]
@@ -140,12 +148,12 @@ def _optional(node, a, ins):
     return [((UNKNOWN,), a["dtype"], "opt seq" if a["seq"] else "opt")]
 
 
-@op("optional_has_element", ["input?"], groups={"optional"})
+@op("optional_has_element", ["input?"], groups={"optional"}, any_rank=True)
 def _opt_has(node, a, ins):
     return [((), "bool", "tensor")]
 
 
-@op("optional_get_element", ["input"], groups={"optional"})
+@op("optional_get_element", ["input"], groups={"optional"}, any_rank=True)
 def _opt_get(node, a, ins):
     v = ins[0]
     return [(v.shape, v.dtype, "seq" if v.kind in ("seq", "opt seq") else "tensor")]

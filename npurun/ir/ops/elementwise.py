@@ -1,4 +1,5 @@
-"""Elementwise ops: unary math and activations, binary arithmetic, comparisons, where, clip, cast."""
+"""Elementwise ops: unary math and activations, binary arithmetic, comparisons, where, clip, cast.
+They take operands of unknown rank: the result's rank is then unknown too."""
 from __future__ import annotations
 
 from ..dtypes import DTYPES
@@ -10,12 +11,12 @@ UNARY = ["relu", "tanh", "sigmoid", "exp", "log", "sqrt", "neg", "abs", "erf", "
          "floor", "ceil", "round", "sin", "cos", "sign", "softplus", "softsign", "identity",
          "hard_swish", "not"]
 for _n in UNARY:
-    op(_n, ["x"], groups={"elementwise", "unary"})(_same)
+    op(_n, ["x"], groups={"elementwise", "unary"}, any_rank=True)(_same)
 for _n, _attrs in {"leaky_relu": {"alpha": 0.01}, "elu": {"alpha": 1.0},
                    "selu": {"alpha": 1.6732632423543772, "gamma": 1.0507009873554805},
                    "hard_sigmoid": {"alpha": 0.2, "beta": 0.5}, "gelu": {"approximate": "none"},
                    "celu": {"alpha": 1.0}}.items():
-    op(_n, ["x"], attrs=_attrs, groups={"elementwise", "unary"})(_same)
+    op(_n, ["x"], attrs=_attrs, groups={"elementwise", "unary"}, any_rank=True)(_same)
 
 ACTIVATIONS = frozenset({"relu", "tanh", "sigmoid", "leaky_relu", "elu", "selu", "hard_sigmoid",
                          "hard_swish", "gelu", "softplus", "clip", "celu"})
@@ -45,12 +46,13 @@ def check_activation(node, a) -> None:
                     f"({', '.join(want) or 'none'}), got {list(params)}")
 
 
-@op("clip", ["x", "min?", "max?"], groups={"elementwise"})
+@op("clip", ["x", "min?", "max?"], groups={"elementwise"}, any_rank=True)
 def _clip(node, a, ins):
     return _same(node, a, ins)
 
 
-@op("cast", ["x"], attrs={"to": REQUIRED, "saturate": 1, "round_mode": "up"}, groups={"elementwise", "unary"})
+@op("cast", ["x"], attrs={"to": REQUIRED, "saturate": 1, "round_mode": "up"}, groups={"elementwise", "unary"},
+    any_rank=True)
 def _cast(node, a, ins):
     # saturate: out-of-range floats clamp to the 8-bit float's largest finite value (else NaN/inf);
     # round_mode (up, down, nearest) applies to casts to f8e8m0 only.
@@ -62,6 +64,8 @@ def _cast(node, a, ins):
 
 
 def _bcast(node, ins):
+    if any(v.shape is None for v in ins):
+        return None  # an operand of unknown rank: the result's rank is unknown too
     shape = ins[0].shape
     for v in ins[1:]:
         shape = broadcast(shape, v.shape)
@@ -73,14 +77,14 @@ def _bcast(node, ins):
 ARITH = ["add", "sub", "mul", "div", "pow", "max", "min", "mod", "prelu", "bitwise_and"]
 COMPARE = ["equal", "less", "greater", "less_or_equal", "greater_or_equal", "and", "or", "xor"]
 for _n in ARITH:
-    op(_n, ["a", "b"], attrs={"fmod": 0} if _n == "mod" else {}, groups={"elementwise", "binary"})(
+    op(_n, ["a", "b"], attrs={"fmod": 0} if _n == "mod" else {}, groups={"elementwise", "binary"}, any_rank=True)(
         lambda node, a, ins: [(_bcast(node, ins), ins[0].dtype)])
 for _n in COMPARE:
-    op(_n, ["a", "b"], groups={"elementwise", "binary"})(
+    op(_n, ["a", "b"], groups={"elementwise", "binary"}, any_rank=True)(
         lambda node, a, ins: [(_bcast(node, ins), "bool")])
 
 
-@op("where", ["cond", "x", "y"], groups={"elementwise"})
+@op("where", ["cond", "x", "y"], groups={"elementwise"}, any_rank=True)
 def _where(node, a, ins):
     return [(_bcast(node, ins), ins[1].dtype)]
 

@@ -21,18 +21,19 @@ def _ints(node, ins):
 
 
 for _n in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "mish"):
-    op(_n, ["x"], groups={"elementwise", "unary"})(_same)
+    op(_n, ["x"], groups={"elementwise", "unary"}, any_rank=True)(_same)
 for _n, _attrs in {"swish": {"alpha": 1.0}, "thresholded_relu": {"alpha": 1.0},
                    "shrink": {"bias": 0.0, "lambd": 0.5}}.items():
-    op(_n, ["x"], attrs=_attrs, groups={"elementwise", "unary"})(_same)
+    op(_n, ["x"], attrs=_attrs, groups={"elementwise", "unary"}, any_rank=True)(_same)
 
 
-@op("is_nan", ["x"], groups={"elementwise", "unary"})
+@op("is_nan", ["x"], groups={"elementwise", "unary"}, any_rank=True)
 def _is_nan(node, a, ins):
     return [(ins[0].shape, "bool")]
 
 
-@op("is_inf", ["x"], attrs={"detect_negative": 1, "detect_positive": 1}, groups={"elementwise", "unary"})
+@op("is_inf", ["x"], attrs={"detect_negative": 1, "detect_positive": 1}, groups={"elementwise", "unary"},
+    any_rank=True)
 def _is_inf(node, a, ins):
     return [(ins[0].shape, "bool")]
 
@@ -281,7 +282,7 @@ def _det(node, a, ins):
     return [(tuple(s[:-2]), ins[0].dtype)]
 
 
-@op("size", ["x"])
+@op("size", ["x"], any_rank=True)
 def _size(node, a, ins):
     return [((), "i64")]
 

@@ -84,8 +84,10 @@ def _matmul_macs(a, ins, outs):
     return numel(outs[0]) * (ins[0][-1])
 
 
-@op("matmul", ["a", "b"], groups={"matmul", "mac"}, macs=_matmul_macs)
+@op("matmul", ["a", "b"], groups={"matmul", "mac"}, macs=_matmul_macs, any_rank=True)
 def _matmul(node, a, ins):
+    if ins[0].shape is None or ins[1].shape is None:
+        return [(None, ins[0].dtype)]
     return [(_matmul_shape(node, ins[0].shape, ins[1].shape), ins[0].dtype)]
 
 

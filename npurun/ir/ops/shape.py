@@ -7,13 +7,25 @@ from ..shapes import UNKNOWN, affine, broadcast, dim_add, dim_mul, numel
 from . import REQUIRED, _axis, _const_ints, _fail, op
 
 
-@op("reshape", ["x", "shape"], attrs={"allowzero": 0}, groups={"view"})
+def _length(v):
+    """The static length of a 1-D operand (a shape, axes), or None (the rank that follows from
+    it is then unknown)."""
+    return v.shape[0] if v.shape and len(v.shape) == 1 and isinstance(v.shape[0], int) else None
+
+
+def _ranked(n):
+    return None if n is None else (UNKNOWN,) * n
+
+
+@op("reshape", ["x", "shape"], attrs={"allowzero": 0}, groups={"view"}, any_rank=True)
 def _reshape(node, a, ins):
     x, target = ins[0], _const_ints(ins[1], node, "shape")
     if target is None:
-        n = ins[1].shape[0] if ins[1].shape and isinstance(ins[1].shape[0], int) else 0
-        return [((UNKNOWN,) * n, x.dtype)]
-    out = [x.shape[i] if t == 0 and not a["allowzero"] else t for i, t in enumerate(target)]
+        return [(_ranked(_length(ins[1])), x.dtype)]
+    if x.shape is not None and not a["allowzero"] and any(t == 0 and i >= len(x.shape) for i, t in enumerate(target)):
+        _fail(node, f"shape {target} copies (0) a dim beyond x's rank {len(x.shape)}")
+    out = [(x.shape[i] if x.shape is not None else UNKNOWN) if t == 0 and not a["allowzero"] else t
+           for i, t in enumerate(target)]
     if out.count(-1) > 1:
         _fail(node, f"shape {target} has more than one -1")
     if -1 in out:
@@ -31,32 +43,45 @@ def _reshape(node, a, ins):
     return [(tuple(out), x.dtype)]
 
 
-@op("transpose", ["x"], attrs={"perm": None}, groups={"view"})
+@op("transpose", ["x"], attrs={"perm": None}, groups={"view"}, any_rank=True)
 def _transpose(node, a, ins):
     x = ins[0]
+    if x.shape is None:  # the perm gives the rank
+        if a["perm"] and sorted(a["perm"]) != list(range(len(a["perm"]))):
+            _fail(node, f"perm {a['perm']} is not a permutation")
+        return [(_ranked(len(a["perm"])) if a["perm"] else None, x.dtype)]
     perm = a["perm"] or list(reversed(range(len(x.shape))))
     if sorted(perm) != list(range(len(x.shape))):
         _fail(node, f"perm {perm} is not a permutation of rank {len(x.shape)}")
     return [(tuple(x.shape[p] for p in perm), x.dtype)]
 
 
-@op("concat", ["x*"], attrs={"axis": REQUIRED}, groups={"view"})
+@op("concat", ["x*"], attrs={"axis": REQUIRED}, groups={"view"}, any_rank=True)
 def _concat(node, a, ins):
-    rank = len(ins[0].shape)
+    ranked = [v for v in ins if v.shape is not None]
+    if not ranked:
+        return [(None, ins[0].dtype)]
+    rank = len(ranked[0].shape)
     ax = _axis(a["axis"], rank, node)
     size = 0
     for v in ins:
+        if v.shape is None:  # of the same rank as the others, its length along axis unknown
+            size = UNKNOWN
+            continue
         if len(v.shape) != rank:
             _fail(node, f"operand {v.name!r} has rank {len(v.shape)}, expected {rank}")
         size = dim_add(size, v.shape[ax])
-    shape = list(ins[0].shape)
+    shape = list(ranked[0].shape)
     shape[ax] = size
     return [(tuple(shape), ins[0].dtype)]
 
 
-@op("split", ["x", "split?"], outputs=("y*",), attrs={"axis": 0, "num_outputs": None}, groups={"view"})
+@op("split", ["x", "split?"], outputs=("y*",), attrs={"axis": 0, "num_outputs": None}, groups={"view"},
+    any_rank=True)
 def _split(node, a, ins):
     x = ins[0]
+    if x.shape is None:
+        return [(None, x.dtype)] * len(node.outputs)
     ax = _axis(a["axis"], len(x.shape), node)
     n = len(node.outputs)
     sizes = _const_ints(ins[1] if len(ins) > 1 else None, node, "split")
@@ -79,11 +104,21 @@ def _flatten(node, a, ins):
     return [((left, right), ins[0].dtype)]
 
 
-@op("squeeze", ["x", "axes?"], groups={"view"})
+@op("squeeze", ["x", "axes?"], groups={"view"}, any_rank=True)
 def _squeeze(node, a, ins):
     s = ins[0].shape
-    axes = _const_ints(ins[1] if len(ins) > 1 else None, node, "axes")
+    given = len(ins) > 1 and ins[1] is not None
+    axes = _const_ints(ins[1] if given else None, node, "axes")
+    if s is None:
+        return [(None, ins[0].dtype)]
+    if given and axes is None:  # computed axes: the rank is known if their count is
+        n = 1 if ins[1].shape == () else _length(ins[1])
+        return [(None if n is None else _ranked(len(s) - n), ins[0].dtype)]
     if axes is None:
+        # Without axes every dim of 1 goes: an unknown dim ('?') may be one, so the rank is
+        # unknown then; a named symbol is taken to be > 1 (a batch, a sequence length).
+        if UNKNOWN in s:
+            return [(None, ins[0].dtype)]
         axes = [i for i, d in enumerate(s) if d == 1]
     axes = {_axis(i, len(s), node) for i in axes}
     for i in axes:
@@ -92,13 +127,15 @@ def _squeeze(node, a, ins):
     return [(tuple(d for i, d in enumerate(s) if i not in axes), ins[0].dtype)]
 
 
-@op("unsqueeze", ["x", "axes"], groups={"view"})
+@op("unsqueeze", ["x", "axes"], groups={"view"}, any_rank=True)
 def _unsqueeze(node, a, ins):
+    if ins[0].shape is None:
+        return [(None, ins[0].dtype)]
     s = list(ins[0].shape)
     axes = _const_ints(ins[1], node, "axes")
-    if axes is None:  # computed axes: the rank is known, the dims are not
-        n = ins[1].shape[0] if ins[1].shape and isinstance(ins[1].shape[0], int) else 0
-        return [((UNKNOWN,) * (len(s) + n), ins[0].dtype)]
+    if axes is None:  # computed axes: the rank is known (if their count is), the dims are not
+        n = 1 if ins[1].shape == () else _length(ins[1])
+        return [(None if n is None else (UNKNOWN,) * (len(s) + n), ins[0].dtype)]
     rank = len(s) + len(axes)
     for ax in sorted(_axis(i, rank, node) for i in axes):
         s.insert(ax, 1)
@@ -130,17 +167,21 @@ def _gather(node, a, ins):
     return [(tuple(x.shape[:ax]) + tuple(idx.shape) + tuple(x.shape[ax + 1:]), x.dtype)]
 
 
-@op("shape", ["x"], attrs={"start": 0, "end": None}, groups={"view"})
+@op("shape", ["x"], attrs={"start": 0, "end": None}, groups={"view"}, any_rank=True)
 def _shape(node, a, ins):
+    if ins[0].shape is None:
+        return [((UNKNOWN,), "i64")]
     r = len(ins[0].shape)
     return [((len(range(r)[a["start"]:a["end"]]),), "i64")]
 
 
-@op("expand", ["x", "shape"], groups={"view"})
+@op("expand", ["x", "shape"], groups={"view"}, any_rank=True)
 def _expand(node, a, ins):
     target = _const_ints(ins[1], node, "shape")
-    if target is None:
-        return [((UNKNOWN,) * (ins[1].shape[0] if isinstance(ins[1].shape[0], int) else 0), ins[0].dtype)]
+    x = ins[0]
+    if target is None or x.shape is None:  # the rank is the larger of x's and the shape's
+        n = len(target) if target is not None else _length(ins[1])
+        return [(None if n is None or x.shape is None else _ranked(max(n, len(x.shape))), x.dtype)]
     return [(broadcast(ins[0].shape, tuple(target)) or _fail(node, "shapes do not broadcast"), ins[0].dtype)]
 
 
@@ -224,11 +265,11 @@ def _resize(node, a, ins):
     return [(tuple(out), x.dtype)]
 
 
-@op("constant_of_shape", ["shape"], attrs={"value": 0.0, "dtype": "f32"})
+@op("constant_of_shape", ["shape"], attrs={"value": 0.0, "dtype": "f32"}, any_rank=True)
 def _cos(node, a, ins):
     target = _const_ints(ins[0], node, "shape")
     if target is None:
-        return [((UNKNOWN,) * (ins[0].shape[0] if isinstance(ins[0].shape[0], int) else 0), a["dtype"])]
+        return [(_ranked(_length(ins[0])), a["dtype"])]
     return [(tuple(target), a["dtype"])]
 
 
