@@ -286,7 +286,8 @@ def _check_spec(where, name, domain, onnx_op, since, until, inputs, outputs, att
             _fail(where, f"dtypes for {role!r}: unknown dtype(s) {bad}; expected some of {', '.join(DTYPES)}")
     if not (callable(shape) or shape in SHAPE_RULES):
         _fail(where, f"shape must be 'same', 'broadcast' or a rule(ins, attrs) -> [(shape, dtype)], got {shape!r}")
-    if macs is not None and not callable(macs) and (isinstance(macs, bool) or not isinstance(macs, (int, float)) or macs < 0):
+    if macs is not None and not callable(macs) and (isinstance(macs, bool) or not isinstance(macs, (int, float))
+                                                     or macs < 0):
         _fail(where, f"macs must be a number per result element or macs(attrs, in_shapes, out_shapes), got {macs!r}")
     if nbytes is not None and not callable(nbytes):
         _fail(where, f"bytes must be bytes(attrs, ins, outs) -> int, got {nbytes!r}")

@@ -23,7 +23,7 @@ def test_all_unsupported_ops_reported_at_once():
     m = _model([helper.make_node("Relu", ["x"], ["a"]),
                 helper.make_node("NoSuchOp", ["a"], ["b"], name="n1"),
                 helper.make_node("NoSuchOp", ["b"], ["c"], name="n2"),
-                helper.make_node("FusedGemm", ["c"], ["d"], name="ms1", domain="com.microsoft"),
+                helper.make_node("NoSuchContribOp", ["c"], ["d"], name="ms1", domain="com.microsoft"),
                 helper.make_node("TreeEnsemble", ["d"], ["y"], name="hm", domain="ai.onnx.ml")],
                [X], [Y], domains=["com.microsoft", "ai.onnx.ml"])
     with pytest.raises(ModelError) as e:
@@ -31,7 +31,7 @@ def test_all_unsupported_ops_reported_at_once():
     msg = str(e.value)
     assert "3 unsupported op kind(s)" in msg
     assert "NoSuchOp (domain ai.onnx, opset 17) x2" in msg and "n1, n2" in msg
-    assert "FusedGemm (domain com.microsoft, opset 1) x1" in msg and "ms1" in msg
+    assert "NoSuchContribOp (domain com.microsoft, opset 1) x1: no converter (npurun.register_op" in msg and "ms1" in msg
     assert "TreeEnsemble (domain ai.onnx.ml, opset 1) x1" in msg and "[nodes: hm]" in msg
 
 

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import npurun
-from npurun.errors import ModelError, RegistrationError, VerifyError
+from npurun.errors import ModelError, RegistrationError
 from npurun.ir.ops import OPS
 from npurun.registry import registered_ops, unregister_op
 

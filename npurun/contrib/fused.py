@@ -148,7 +148,8 @@ def fused_gemm(a, b, c=None, *, alpha, beta, transA, transB, activation, activat
 
 
 def _fused_gemm_rule(ins, a, node):
-    _check_activation(node, a["activation"], {"LeakyRelu": [0], "HardSigmoid": [0, 0], "Clip": [0, 0]}.get(a["activation"], []))
+    arity = {"LeakyRelu": [0], "HardSigmoid": [0, 0], "Clip": [0, 0]}  # params come as attributes here
+    _check_activation(node, a["activation"], arity.get(a["activation"], []))
     if a["activation"] in ("LeakyRelu", "HardSigmoid", "Clip") and a["activation_alpha"] is None:
         _fail(node, f"activation {a['activation']} needs activation_alpha")
     sa, sb = ins[0].shape, ins[1].shape

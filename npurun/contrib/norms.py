@@ -72,7 +72,7 @@ ms_op("skip_layer_normalization", "SkipLayerNormalization", inputs=["input", "sk
       shape=_skip_rule, vector_ops=8, reference=skip_layer_normalization)
 ms_op("skip_simplified_layer_normalization", "SkipSimplifiedLayerNormalization",
       inputs=["input", "skip", "gamma", "bias?"], outputs=_SKIP_OUT, attrs={"epsilon": 1e-12}, groups={"norm"},
-      dtypes={"input": FLOATS}, shape=lambda ins, a, node: _skip_rule(ins[:3] + [None, ins[3] if len(ins) > 3 else None], a, node),
+      dtypes={"input": FLOATS}, shape=lambda ins, a, node: _skip_rule(ins[:3] + [None, (ins + [None])[3]], a, node),
       vector_ops=6, reference=skip_simplified_layer_normalization)
 
 
@@ -101,28 +101,33 @@ register_op("simplified_layer_normalization", onnx_op="SimplifiedLayerNormalizat
 
 # ------------------------------------------------------------------ embeddings + layer norm
 
-def _embed(ids, table, what):
+def _embed(ids, table, what, dequant=None):
+    """The table's rows at ids, as float64 (gathered first: a vocabulary is large), through
+    `dequant` when the table is quantized."""
     if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
         raise ValueError(f"{what} out of range: values from {ids.min()} to {ids.max()}, the table has "
                          f"{table.shape[0]} rows")
-    return _f64(table)[ids]
+    rows = table[ids]
+    return _f64(rows if dequant is None else dequant(rows))
 
 
 def embed_layer_normalization(input_ids, segment_ids, word_embedding, position_embedding,
                               segment_embedding=None, gamma=None, beta=None, mask=None, position_ids=None,
-                              *, epsilon, mask_index_type):
+                              *, epsilon, mask_index_type, _dequant=(None, None, None), _dtype=None):
     # input_ids (B, S) -> (B, S, H): word + position (+ segment) embeddings, then LayerNorm;
     # mask_index (B,) counts each row's mask == 1 (the lengths Attention reads), 0 without mask
     b, s = input_ids.shape
     pos = np.broadcast_to(np.arange(s), (b, s)) if position_ids is None else np.broadcast_to(position_ids, (b, s))
-    total = _embed(input_ids, word_embedding, "input_ids") + _embed(pos, position_embedding, "position ids")
+    dw, dp, ds = _dequant  # QEmbedLayerNormalization's per-table dequantization
+    total = _embed(input_ids, word_embedding, "input_ids", dw) + _embed(pos, position_embedding, "position ids", dp)
     if segment_embedding is not None:
-        total = total + _embed(segment_ids, segment_embedding, "segment_ids")
+        total = total + _embed(segment_ids, segment_embedding, "segment_ids", ds)
     mean = total.mean(axis=-1, keepdims=True)
     inv = 1.0 / np.sqrt(((total - mean) ** 2).mean(axis=-1, keepdims=True) + epsilon)
-    y = ((total - mean) * inv * _f64(gamma) + _f64(beta)).astype(word_embedding.dtype)
+    dtype = _dtype or word_embedding.dtype
+    y = ((total - mean) * inv * _f64(gamma) + _f64(beta)).astype(dtype)
     mask_index = (mask == 1).sum(axis=1).astype(np.int32) if mask is not None else np.zeros(b, np.int32)
-    return y, mask_index, total.astype(word_embedding.dtype)
+    return y, mask_index, total.astype(dtype)
 
 
 def _embed_rule(ins, a, node):
@@ -155,12 +160,13 @@ def qembed_layer_normalization(input_ids, segment_ids, word_q, position_q, segme
                                word_scale, position_scale, segment_scale, gamma_scale, beta_scale,
                                word_zp, position_zp, segment_zp, gamma_zp, beta_zp, *, epsilon):
     # the tables, gamma and beta dequantized (float32, per tensor), then EmbedLayerNormalization
-    def dq(q, s, z):
-        return None if q is None else dequantize(q, scalar(s), scalar(z, 0))
+    def dq(s, z):
+        return lambda q: dequantize(q, scalar(s), scalar(z, 0))
     y, mask_index, _ = embed_layer_normalization(
-        input_ids, segment_ids, dq(word_q, word_scale, word_zp), dq(position_q, position_scale, position_zp),
-        dq(segment_q, segment_scale, segment_zp), dq(gamma_q, gamma_scale, gamma_zp), dq(beta_q, beta_scale, beta_zp),
-        mask, epsilon=epsilon, mask_index_type=None)
+        input_ids, segment_ids, word_q, position_q, segment_q, dq(gamma_scale, gamma_zp)(gamma_q),
+        dq(beta_scale, beta_zp)(beta_q), mask, epsilon=epsilon, mask_index_type=None,
+        _dequant=(dq(word_scale, word_zp), dq(position_scale, position_zp),
+                  None if segment_q is None else dq(segment_scale, segment_zp)), _dtype=np.float32)
     return y, mask_index
 
 
