@@ -449,6 +449,15 @@ def _converter(op_name: str, domain: str, since: int, until: int | None, attrs: 
         if until is not None and ctx.opset > until:
             raise ConvertError(f"opset {ctx.opset} of domain {domain or 'ai.onnx'} is past the "
                                f"opsets {since}..{until} registered for {op_name}")
+        try:
+            return _convert(ctx)
+        except (ConvertError, NpurunError):
+            raise
+        except Exception as e:  # noqa: BLE001 -- e.g. the reference kernel folding constant operands
+            raise ConvertError(f"converting it failed ({e.__class__.__name__}: {e}); a node whose operands are "
+                               f"all constants is computed at import by its reference kernel") from None
+
+    def _convert(ctx):
         if convert is not None:
             return convert(ctx)
         unknown = [k for k in ctx.attrs if k not in attrs]

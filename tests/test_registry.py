@@ -354,3 +354,16 @@ def test_cli_ops_modules(tmp_path, capsys):
     bad.write_text("raise ImportError('needs libfoo')\n")
     assert main(["--ops", str(bad), "info"]) == 1
     assert "cannot import it (ImportError: needs libfoo)" in capsys.readouterr().err
+
+
+def test_kernel_failure_while_folding_at_import_is_a_model_error(registered, tmp_path):
+    from onnx import numpy_helper
+
+    def broken(x, *, alpha, beta):
+        raise FloatingPointError("boom")
+    _register_tanh(registered, reference=broken)
+    node = helper.make_node("ScaledTanh", ["c"], ["y"], domain=DOMAIN)  # a constant operand: folded at import
+    m = _model([node], [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+               inits=[numpy_helper.from_array(_x((3,)), "c")])
+    with pytest.raises(ModelError, match="ScaledTanh .*converting it failed \\(FloatingPointError: boom\\)"):
+        npurun.load(_save(m))
