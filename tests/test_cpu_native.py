@@ -27,6 +27,11 @@ CONVS = [  # (N, C, H, W), (M, C/group, kh, kw), attrs
     ((1, 8, 12, 50), (6, 4, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),           # grouped
     ((1, 6, 33, 35), (6, 1, 5, 5), {"group": 6, "pads": [2, 2, 2, 2]}),           # depthwise
     ((1, 5, 16, 21), (5, 1, 3, 3), {"group": 5, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 4, 17, 30), (4, 1, 3, 3), {"group": 4, "pads": [0, 0, 1, 1], "strides": [2, 2]}),  # TF "SAME", stride 2
+    ((1, 3, 20, 23), (3, 1, 3, 3), {"group": 3, "pads": [2, 2, 2, 2], "dilations": [2, 2]}),  # dilated depthwise
+    ((1, 4, 1, 90), (4, 1, 1, 21), {"group": 4, "pads": [0, 10, 0, 10]}),         # a long 1-D depthwise (FSMN)
+    ((1, 2, 19, 19), (2, 1, 9, 9), {"group": 2, "pads": [4, 4, 4, 4]}),           # 81 taps: weights not held
+    ((1, 3, 14, 25), (3, 1, 5, 5), {"group": 3, "pads": [1, 2, 2, 1], "strides": [3, 3]}),
     ((1, 12, 1, 40), (5, 12, 1, 3), {"pads": [0, 1, 0, 1]}),                      # one-row image (PP-OCR rec)
     ((1, 7, 1, 300), (6, 7, 1, 1), {}),                                            # flat pointwise, many bands
 ]
