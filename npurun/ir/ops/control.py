@@ -14,10 +14,19 @@ def _types(region, names):
     return [(region.values[n].shape, region.values[n].dtype, region.values[n].kind) for n in names]
 
 
+# Branches of different ranks: True gives the If an output of unknown rank (shape None), the
+# honest type. Until the passes, the memory planner and the cpu backend take shape None (they
+# read value ranks in ~150 places), such an If keeps the then-branch's rank with unknown dims:
+# exporters' "squeeze if this dim is 1" Ifs (silero-vad) would otherwise stop at the pipeline.
+UNRANKED_IF = False
+
+
 def _merge(a, b):
-    """The type both branches agree on: dims that differ become unknown, and so does the rank
-    where the branches' ranks differ."""
+    """The type both branches agree on: dims that differ become unknown (and the rank where
+    the ranks differ: see UNRANKED_IF)."""
     (sa, da, ka), (sb, _, _) = a, b
+    if not UNRANKED_IF and sa is not None and sb is not None and len(sa) != len(sb):
+        return (tuple(UNKNOWN for _ in sa), da, ka)
     return (merge_shapes(sa, sb), da, ka)
 
 

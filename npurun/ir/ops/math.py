@@ -71,15 +71,18 @@ def _reduced(node, shape, axes, keepdims):
 
 for _n in ("reduce_mean", "reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
            "reduce_sum_square", "reduce_l1", "reduce_l2", "reduce_log_sum", "reduce_log_sum_exp"):
-    @op(_n, ["x", "axes?"], attrs={"keepdims": 1, "noop_with_empty_axes": 0}, groups={"reduce"})
+    @op(_n, ["x", "axes?"], attrs={"keepdims": 1, "noop_with_empty_axes": 0}, groups={"reduce"}, any_rank=True)
     def _reduce(node, a, ins):
         x = ins[0]
         given = len(ins) > 1 and ins[1] is not None
         axes = _const_ints(ins[1], node, "axes") if given else []
+        if x.shape is None:  # all axes without keepdims leave a scalar; else the rank stays unknown
+            every = not axes and not given and not a["noop_with_empty_axes"]
+            return [((), x.dtype) if every and not a["keepdims"] else (None, x.dtype)]
         if axes is None:  # computed axes: which dims go is unknown, but not how many
-            n = ins[1].shape[0] if ins[1].shape else 1
+            n = (ins[1].shape[0] if ins[1].shape else 1) if ins[1].shape is not None else None
             if not a["keepdims"] and not isinstance(n, int):
-                _fail(node, "computed axes of unknown length with keepdims=0 give an output of unknown rank")
+                return [(None, x.dtype)]  # how many dims go is unknown too
             return [((UNKNOWN,) * (len(x.shape) - (0 if a["keepdims"] else n)), x.dtype)]
         if not axes and not a["noop_with_empty_axes"]:
             axes = list(range(len(x.shape)))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ..graph import Value
 from ..shapes import UNKNOWN, affine, broadcast, numel
 from . import REQUIRED, _axis, _fail, _same, op
 from .elementwise import check_activation
@@ -48,10 +49,15 @@ _CONV_ATTRS = {"strides": None, "pads": None, "dilations": None, "group": 1,
 _FUSED_ATTRS = {"activation": "", "activation_params": []}
 
 
-@op("conv", ["x", "w", "b?"], attrs={**_CONV_ATTRS, **_FUSED_ATTRS}, groups={"conv", "mac"}, macs=_conv_macs)
+@op("conv", ["x", "w", "b?"], attrs={**_CONV_ATTRS, **_FUSED_ATTRS}, groups={"conv", "mac"}, macs=_conv_macs,
+    any_rank=True)
 def _conv(node, a, ins):
     check_activation(node, a)
     x, w = ins[0], ins[1]
+    if w.shape is None:
+        _fail(node, f"weight {w.name!r} has unknown rank")
+    if x.shape is None:  # x has w's rank by definition (the kernel checks it at run time)
+        x = Value(x.name, (UNKNOWN,) * len(w.shape), x.dtype)
     if len(x.shape) != len(w.shape) or len(x.shape) < 3:
         _fail(node, f"input rank {len(x.shape)} and weight rank {len(w.shape)} must match and be >= 3")
     cin, g = x.shape[1], a["group"]
@@ -109,6 +115,18 @@ def _bn(node, a, ins):
     return _same(node, a, ins)
 
 
+@op("batch_normalization_training", ["x", "scale", "bias", "input_mean", "input_var"],
+    ["y", "running_mean?", "running_var?"], attrs={"epsilon": 1e-5, "momentum": 0.9}, groups={"norm"})
+def _bn_training(node, a, ins):
+    # Training mode: y normalizes x by the batch's own mean and (population) variance per
+    # channel (axis 1); running_* = input_* * momentum + batch statistic * (1 - momentum).
+    x, mean = ins[0], ins[3]
+    if len(x.shape) < 2:
+        _fail(node, f"x must have rank >= 2 (N, C, ...), got {list(x.shape)}")
+    stats = (mean.shape, mean.dtype)
+    return [(x.shape, x.dtype), stats, stats][:len(node.outputs)]
+
+
 @op("layer_normalization", ["x", "scale", "bias?"], ["y", "mean?", "inv_std_dev?"],
     attrs={"axis": -1, "epsilon": 1e-5, "stash_type": "f32"}, groups={"norm"})
 def _ln(node, a, ins):
@@ -131,6 +149,17 @@ _POOL_ATTRS = {"kernel_shape": REQUIRED, "strides": None, "pads": None, "dilatio
 def _maxpool(node, a, ins):
     x = ins[0]
     return [((x.shape[0], x.shape[1], *_spatial(node, a, x.shape, a["kernel_shape"])), x.dtype)]
+
+
+@op("max_pool_with_indices", ["x"], ["y", "indices"], attrs={**_POOL_ATTRS, "storage_order": 0},
+    groups={"pool"})
+def _maxpool_indices(node, a, ins):
+    # indices: where each maximum is in x, as a flat index over all of x (N, C and the spatial
+    # dims; row-major, or column-major over the spatial dims with storage_order=1).
+    if a["storage_order"] not in (0, 1):
+        _fail(node, f"storage_order {a['storage_order']!r} must be 0 (row-major) or 1 (column-major)")
+    y, dtype = _maxpool(node, a, ins)[0]
+    return [(y, dtype), (y, "i64")]
 
 
 @op("average_pool", ["x"], attrs={**_POOL_ATTRS, "count_include_pad": 0}, groups={"pool"})

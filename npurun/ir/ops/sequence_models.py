@@ -129,14 +129,18 @@ def _recurrent(gates, n_states):
     """Inference for RNN (1 gate), GRU (3) and LSTM (4): x is (S, B, I), or (B, S, I) with
     layout=1; y is (S, D, B, H) or (B, S, D, H); each state is (D, B, H) or (B, D, H)."""
     def infer(node, a, ins):
+        # x and w are 3-D by definition: one of unknown rank gives results of known rank (an
+        # exporter's If on x's rank often leaves it unknown); the kernel checks it at run time.
+        xs = (UNKNOWN,) * 3 if ins[0].shape is None else ins[0].shape
+        ws = (UNKNOWN,) * 3 if ins[1].shape is None else ins[1].shape
+        if len(xs) != 3 or len(ws) != 3:
+            _fail(node, f"x and w must be 3-D, got {list(xs)} and {list(ws)}")
         x, w = ins[0], ins[1]
-        if len(x.shape) != 3 or len(w.shape) != 3:
-            _fail(node, f"x and w must be 3-D, got {list(x.shape)} and {list(w.shape)}")
         if a["direction"] not in ("forward", "reverse", "bidirectional"):
             _fail(node, f"unknown direction {a['direction']!r}")
         d = 2 if a["direction"] == "bidirectional" else 1
-        h = a["hidden_size"] or affine(w.shape[1], div=gates)
-        s, b = (x.shape[1], x.shape[0]) if a["layout"] else (x.shape[0], x.shape[1])
+        h = a["hidden_size"] or affine(ws[1], div=gates)
+        s, b = (xs[1], xs[0]) if a["layout"] else (xs[0], xs[1])
         y = (b, s, d, h) if a["layout"] else (s, d, b, h)
         state = (b, d, h) if a["layout"] else (d, b, h)
         return _first(node, [(y, x.dtype)] + [(state, x.dtype)] * n_states)
@@ -151,13 +155,13 @@ def _recurrent_macs(a, ins, outs):
 
 
 op("rnn", ["x", "w", "r", "b?", "sequence_lens?", "initial_h?"], ["y", "y_h?"],
-   attrs=_RNN_ATTRS, groups={"recurrent", "mac"}, macs=_recurrent_macs)(_recurrent(1, 1))
+   attrs=_RNN_ATTRS, groups={"recurrent", "mac"}, macs=_recurrent_macs, any_rank=True)(_recurrent(1, 1))
 op("gru", ["x", "w", "r", "b?", "sequence_lens?", "initial_h?"], ["y", "y_h?"],
    attrs={**_RNN_ATTRS, "linear_before_reset": 0}, groups={"recurrent", "mac"},
-   macs=_recurrent_macs)(_recurrent(3, 1))
+   macs=_recurrent_macs, any_rank=True)(_recurrent(3, 1))
 op("lstm", ["x", "w", "r", "b?", "sequence_lens?", "initial_h?", "initial_c?", "p?"],
    ["y", "y_h?", "y_c?"], attrs={**_RNN_ATTRS, "input_forget": 0}, groups={"recurrent", "mac"},
-   macs=_recurrent_macs)(_recurrent(4, 2))
+   macs=_recurrent_macs, any_rank=True)(_recurrent(4, 2))
 
 
 # ------------------------------------------------------------------ attention with subgraphs

@@ -88,6 +88,35 @@ def max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
     return y
 
 
+@kernel("max_pool_with_indices")
+def max_pool_with_indices(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad, storage_order):
+    # The first maximum of each window in scan order (as ONNX Runtime): a later tap replaces
+    # it only when strictly greater. A tap's input position is out * stride - pad + t * dilation.
+    begin, end, out, strides, dilations = _window_pads(
+        x.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    n, c, sizes = x.shape[0], x.shape[1], x.shape[2:]
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end)))
+    order = range(len(sizes)) if storage_order else reversed(range(len(sizes)))
+    step, mul = 1, [0] * len(sizes)
+    for i in order:  # flat-index multiplier of each spatial axis
+        mul[i], step = step, step * sizes[i]
+    planes = (np.arange(n * c, dtype=np.int64) * math.prod(sizes)).reshape(n, c, *[1] * len(sizes))
+    y = np.zeros((n, c, *out), dtype=x.dtype)
+    idx = np.full((n, c, *out), -1, dtype=np.int64)
+    for tap, xs in _taps(xp, kernel_shape, strides, dilations, out):
+        flat, valid = np.zeros(out, np.int64), np.ones(out, bool)
+        for i, (t, o) in enumerate(zip(tap, out)):
+            pos = np.arange(o) * strides[i] - begin[i] + t * dilations[i]
+            shape = [1] * len(out)
+            shape[i] = o
+            flat = flat + (pos * mul[i]).reshape(shape)
+            valid = valid & ((pos >= 0) & (pos < sizes[i])).reshape(shape)
+        take = valid & ((idx < 0) | (xs > y))
+        y = np.where(take, xs, y)
+        idx = np.where(take, planes + flat, idx)
+    return y, idx
+
+
 @kernel("average_pool")
 def average_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad, count_include_pad):
     begin, end, out, strides, dilations = _window_pads(
@@ -168,6 +197,20 @@ def batch_normalization(x, scale, bias, mean, var, *, epsilon):
     shape = (1, -1) + (1,) * (x.ndim - 2)
     inv = scale / np.sqrt(var + epsilon)
     return _like(x, (x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape))
+
+
+@kernel("batch_normalization_training")
+def batch_normalization_training(x, scale, bias, input_mean, input_var, *, epsilon, momentum):
+    # Batch statistics per channel (axis 1) in float64; the variance is the population one.
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    xs = x.astype(np.float64)
+    mean, var = xs.mean(axis=axes), xs.var(axis=axes)
+    y = (xs - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + epsilon)
+    y = y * scale.astype(np.float64).reshape(shape) + bias.astype(np.float64).reshape(shape)
+    running_mean = input_mean.astype(np.float64) * momentum + mean * (1 - momentum)
+    running_var = input_var.astype(np.float64) * momentum + var * (1 - momentum)
+    return y.astype(x.dtype), running_mean.astype(input_mean.dtype), running_var.astype(input_var.dtype)
 
 
 @kernel("layer_normalization")

@@ -6,6 +6,9 @@ where the model leaves them out (loop bodies often do).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ....ir.graph import Graph, Value
 from ..context import ConvertError, Ctx
 from ..dtypes import ir_dtype
 from . import converter
@@ -53,7 +56,49 @@ def Loop(ctx: Ctx):
 
 @converter("Scan", since=8)
 def Scan_8(ctx: Ctx):
-    raise ConvertError("Scan-8 (batch axis and sequence_lens) is not supported; re-export at opset >= 9")
+    """Scan-8 scans a batch: every operand has a leading batch axis, scan inputs then their
+    sequence axis. It becomes a `loop` over the batch whose body runs the (opset 9) `scan` on
+    one batch element; the loop stacks the per-element results along a new axis 0, which is
+    Scan-8's batch axis. sequence_lens (per-element lengths) is supported where it is absent
+    or a constant equal to the full length."""
+    a = ctx.attrs
+    m = a["num_scan_inputs"]
+    ins = ctx.inputs()
+    lens, states, xs = ins[0], ins[1:len(ins) - m], ins[len(ins) - m:]
+    if not xs:
+        raise ConvertError("Scan-8 without scan inputs")
+    x0 = ctx.value(xs[0])
+    if x0.shape is None or len(x0.shape) < 2:
+        raise ConvertError(f"scan input {xs[0]!r} must be (batch, sequence, ...), got {x0.type_str()}")
+    if lens:
+        known = ctx.const_input(0)
+        if known is None or not isinstance(x0.shape[1], int) or np.any(known != x0.shape[1]):
+            raise ConvertError("sequence_lens shorter than the sequence is not supported")
+    types = [(ctx.value(v).shape[1:], ctx.value(v).dtype, "tensor") for v in states]
+    types += [(ctx.value(v).shape[2:], ctx.value(v).dtype, "tensor") for v in xs]
+    scan_body = ctx.region("body", types)
+
+    # The loop body: element i of every operand (read from the enclosing graph), one scan.
+    loop_body = Graph(name=f"{ctx.name or 'Scan'}.batch", source=ctx.graph.source)
+    sub = Ctx(loop_body, ctx.opset)
+    sub.node, sub.fold = ctx.node, False
+    i, cond = sub.fresh("i"), sub.fresh("cond")
+    loop_body.add_value(Value(i, (), "i64"))
+    loop_body.add_value(Value(cond, (), "bool"))
+    loop_body.inputs = [i, cond]
+    for name in states + xs:
+        v = ctx.value(name)
+        loop_body.add_value(Value(v.name, v.shape, v.dtype, v.space, kind=v.kind))
+    elems = [sub.emit("gather", [name, i], axis=0)[0] for name in states + xs]
+    outs = sub.emit("scan", elems, n_out=len(ctx.node.output), regions={"body": scan_body},
+                    num_scan_inputs=m, scan_input_directions=a.get("directions"))
+    loop_body.outputs = sub.emit("identity", [cond]) + outs
+
+    batch = x0.shape[0]
+    trip = ctx.const(np.array(batch, np.int64), "batch") if isinstance(batch, int) else \
+        ctx.emit("shape", [xs[0]], start=0, end=1)[0]
+    ctx.emit("loop", [trip, ctx.const(np.array(True), "true")], list(ctx.node.output),
+             regions={"body": loop_body})
 
 
 @converter("Scan", since=9)

@@ -34,10 +34,24 @@ def Gemm(ctx: Ctx):
 @converter("BatchNormalization")
 def BatchNormalization(ctx: Ctx):
     if len([o for o in ctx.node.output if o]) > 1:
-        raise ConvertError("training-mode outputs (running mean/var) are not supported")
-    if ctx.attrs.get("training_mode", 0):
-        raise ConvertError("training_mode=1 is not supported")
+        raise ConvertError("training-mode outputs before opset 14 (saved mean/var) are not supported")
     ctx.emit("batch_normalization", ctx.inputs()[:5], [ctx.output(0)], epsilon=ctx.attrs.get("epsilon"))
+
+
+@converter("BatchNormalization", since=14)
+def BatchNormalization_14(ctx: Ctx):
+    """training_mode=1: normalize by the batch's statistics; outputs 2 and 3 are the updated
+    running mean and variance."""
+    outs = list(ctx.node.output)
+    while outs and not outs[-1]:
+        outs.pop()
+    if not ctx.attrs.get("training_mode", 0):
+        if len(outs) > 1:
+            raise ConvertError("running mean/var outputs need training_mode=1")
+        BatchNormalization(ctx)
+        return
+    ctx.emit("batch_normalization_training", ctx.inputs()[:5], [o or ctx.fresh("unused") for o in outs],
+             epsilon=ctx.attrs.get("epsilon"), momentum=ctx.attrs.get("momentum"))
 
 
 @converter("LayerNormalization")
@@ -54,10 +68,12 @@ def LayerNormalization(ctx: Ctx):
 
 @converter("MaxPool")
 def MaxPool(ctx: Ctx):
-    if len([o for o in ctx.node.output if o]) > 1:
-        raise ConvertError("the Indices output is not supported")
-    if ctx.attrs.get("storage_order", 0):
-        raise ConvertError("storage_order=1 is not supported")
+    """With its Indices output, max_pool_with_indices (storage_order orders the indices, and
+    only them)."""
+    if len(ctx.node.output) > 1 and ctx.node.output[1]:
+        ctx.emit("max_pool_with_indices", [ctx.input(0)], [ctx.output(0) or ctx.fresh("unused"), ctx.output(1)],
+                 storage_order=ctx.attrs.get("storage_order"), **_window_attrs(ctx))
+        return
     ctx.emit("max_pool", [ctx.input(0)], [ctx.output(0)], **_window_attrs(ctx))
 
 
