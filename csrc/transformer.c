@@ -1,7 +1,8 @@
 /* Transformer-encoder kernels of the cpu backend (AVX2 + FMA, float32):
  *   npr_erf        y = erf(x)
  *   npr_gelu       y = x * (m * (erf(x / d) + a))   (BERT's exported GELU: d = sqrt 2, a = 1, m = 0.5;
- *                  mode 1: erf(x * d), for exporters that multiply by 1 / sqrt 2)
+ *                  mode 1: erf(x * d), for exporters that multiply by 1 / sqrt 2; mode 2: the
+ *                  tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's)
  *   npr_layernorm  y = (x - mean) / sqrt(var + eps) * scale + bias over rows of n
  *   npr_gemm_*     C = A @ B (+ bias) (+ R), B packed once (npr_gemm_pack_*), AVX2 and AVX-512;
  *                  npr_gemm_q8_*: B as int8 panels times a scale per column (dequantized weights)
@@ -22,6 +23,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
+#include "act.h"
 
 /* erf(x) = x * S(x^2) on |x| < 0.5 */
 static const float ERF_S[5] = {1.128379166e+00f, -3.761261509e-01f, 1.128293222e-01f, -2.676355423e-02f, 4.729982132e-03f};
@@ -100,6 +102,12 @@ void npr_erf(const float *x, float *y, long n) {
 }
 
 static inline __m256 gelu8(__m256 v, __m256 d, __m256 a, __m256 m, int mode) {
+    if (mode == 2) {  /* tanh form: act.h's rational tanh (a few ulp) */
+        const __m256 k = _mm256_set1_ps(0.044715f), c = _mm256_set1_ps(0.7978845608028654f);
+        const __m256 h = _mm256_set1_ps(0.5f);
+        __m256 u = _mm256_mul_ps(c, _mm256_fmadd_ps(_mm256_mul_ps(k, v), _mm256_mul_ps(v, v), v));
+        return _mm256_mul_ps(_mm256_mul_ps(h, v), _mm256_add_ps(npr_tanh(u), _mm256_set1_ps(1.0f)));
+    }
     __m256 t = mode ? _mm256_mul_ps(v, d) : _mm256_div_ps(v, d);
     return _mm256_mul_ps(v, _mm256_mul_ps(m, _mm256_add_ps(erf8(t), a)));
 }

@@ -50,3 +50,24 @@ def test_standalone_batch_norm_matches_reference(rng, xshape):
     got = channelwise.KERNELS["batch_normalization"](PROG)(x, g, b, m, v, epsilon=1e-3)
     want = REF["batch_normalization"](x, g, b, m, v, epsilon=1e-3)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("e", [2.0, 3.0, 0.5, 1.0, -1.0, 2.5])
+def test_pow_by_a_constant_matches_reference_within_2_ulp(rng, e):
+    from npurun.backends.cpu.ops import power
+    x = nonzero_normal(rng, (7, 333)) * 3
+    if e in (0.5, 2.5):
+        x = np.abs(x)
+    b = np.array(e, np.float32)
+    got, want = power.KERNELS["pow"](PROG)(x, b), REF["pow"](x, b)
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+    ulp = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
+    assert ulp.max() <= 2
+
+
+def test_gelu_tanh_form_matches_reference(rng):
+    from npurun.backends.cpu.ops import transformer as T
+    x = nonzero_normal(rng, (3, 1000)) * 4
+    got = T.KERNELS["gelu"](PROG)(x, approximate="tanh")
+    want = REF["gelu"](x, approximate="tanh")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)

@@ -4,6 +4,12 @@ this takes chains), become part of the conv's weights and bias:
 
     y = s * conv(x, w, b) + t  =  conv(x, s w, s b + t)      s, t per output channel
 
+and the same after a linear layer (matmul, matmul_add with a bias, gemm) by a constant (K, N)
+matrix, per column, also through views that keep the last axis (LeViT: matmul -> flatten to
+(rows, N) -> BatchNorm1d -> reshape back):
+
+    y = s * (x @ W + b) + t    =  x @ (W s) + (s b + t)       s, t per column
+
 Chains of any length fold into one conv (PP-LCNetV3's "learnable affine" after each conv, a
 BatchNorm an exporter wrote out as Mul and Add, a scale by a constant). A step is one of
 `v * c`, `c * v`, `v + c`, `c + v`, `v - c`, `c - v`, `v / c` (c != 0) with c a constant of one
@@ -65,9 +71,94 @@ def _step(c: Chains, n: Node, v: str, m: int, rank: int):
     return None
 
 
+VIEWS = ("reshape", "flatten", "squeeze", "unsqueeze")
+
+
+def _last_axis_step(c: Chains, n: Node, v: str, m: int):
+    """(a, b) per column when n applies one number per last-axis entry (m of them) to v."""
+    vv = c.g.values[v]
+    if n.op == "batch_normalization":
+        return _step(c, n, v, m, 2) if len(vv.shape) == 2 and vv.shape[1] == m else None
+    other = c.other(n, v) if n.op in AFFINE else None
+    d = c.const(other) if other else None
+    if d is None or d.dtype.kind != "f" or c.dtype(other) != c.dtype(v) or d.ndim > len(vv.shape):
+        return None
+    if d.size != 1 and (d.shape[-1] != m or d.size != m):
+        return None
+    k = np.full(m, float(d.reshape(-1)[0])) if d.size == 1 else d.reshape(m).astype(np.float64)
+    first = n.inputs[0] == v
+    if n.op == "add":
+        return np.ones(m), k
+    if n.op == "mul":
+        return k, np.zeros(m)
+    if n.op == "sub":
+        return (np.ones(m), -k) if first else (-np.ones(m), k)
+    return (1.0 / k, np.zeros(m)) if first and np.all(k != 0) else None
+
+
+def _fold_linear(g: Graph, c: Chains, mm: Node) -> None:
+    """Per-column affines after a linear layer by a constant (K, N) weight, into it."""
+    w = c.const(mm.inputs[1])
+    if w is None or w.ndim != 2 or w.dtype.kind != "f" or not c.free(mm) or len(mm.outputs) != 1:
+        return
+    trans_b = mm.op == "gemm" and OPS["gemm"].attrs_of(mm)["trans_b"]
+    if mm.op == "gemm" and (OPS["gemm"].attrs_of(mm)["alpha"] != 1.0 or OPS["gemm"].attrs_of(mm)["beta"] != 1.0):
+        return
+    m = w.shape[0] if trans_b else w.shape[1]
+    adds = list(mm.inputs[2:])
+    if mm.op == "matmul_add" and len(adds) > 1:
+        return  # a residual is not scaled by the columns' factors
+    bias = c.const(adds[0]) if adds and adds[0] else None
+    if adds and adds[0] and (bias is None or bias.size != m):
+        return
+    s, t = np.ones(m), np.zeros(m)
+    chain, views, v = [mm], [], mm.outputs[0]
+    while (r := c.sole(v)) is not None and c.free(r) and len(r.outputs) == 1:
+        out = g.values[r.outputs[0]]
+        if r.op in VIEWS and r.inputs[0] == v and out.shape and out.shape[-1] == m:
+            views.append(r)
+        else:
+            st = _last_axis_step(c, r, v, m)
+            if st is None or tuple(out.shape) != tuple(g.values[v].shape):
+                break
+            a, k = st
+            s, t = a * s, a * t + k
+        chain.append(r)
+        v = r.outputs[0]
+    if len(chain) == len(views) + 1:
+        return  # nothing but views
+    while chain[-1] in views:  # trailing views stay as they are
+        views.remove(chain.pop())
+    v = chain[-1].outputs[0]
+    wv = g.values[mm.inputs[1]]
+    tag = mm.name or v
+    scale = s.reshape(m, 1) if trans_b else s.reshape(1, m)
+    # (only adds: the weights stay the very same constant, no second copy)
+    wn = mm.inputs[1] if np.all(s == 1) else \
+        new_const(g, f"{tag}.weight.folded", (w.astype(np.float64) * scale).astype(w.dtype), like=wv)
+    b = (0.0 if bias is None else bias.reshape(m).astype(np.float64)) * s + t
+    bshape = (m,) if bias is None else bias.shape
+    bn = new_const(g, f"{tag}.bias.folded", b.reshape(bshape).astype(w.dtype), like=wv)
+    first_out = mm.outputs[0] if views else v  # (steps keep shapes: v has the product's shape)
+    if mm.op == "gemm":
+        prod = Node("gemm", [mm.inputs[0], wn, bn], [first_out], dict(mm.attrs), dict(mm.hints), mm.name, mm.precision)
+    else:
+        prod = Node("matmul_add", [mm.inputs[0], wn, bn], [first_out], {}, dict(mm.hints), mm.name, mm.precision)
+    nodes, cur = [prod], first_out
+    for i, view in enumerate(views):
+        out = v if i == len(views) - 1 else view.outputs[0]
+        nodes.append(Node(view.op, [cur] + list(view.inputs[1:]), [out], dict(view.attrs), dict(view.hints),
+                          view.name, view.precision))
+        cur = out
+    c.replace(chain, nodes)
+
+
 def fold_affine(g: Graph) -> Graph:
     in_regions(fold_affine, g)
     c = Chains(g)
+    for mm in list(g.nodes):
+        if mm.op in ("matmul", "matmul_add", "gemm") and id(mm) not in c.taken:
+            _fold_linear(g, c, mm)
     for conv in list(g.nodes):
         if conv.op != "conv" or len(conv.outputs) != 1 or OPS["conv"].attrs_of(conv)["activation"]:
             continue
@@ -91,8 +182,9 @@ def fold_affine(g: Graph) -> Graph:
             continue
         wv = g.values[conv.inputs[1]]
         tag = conv.name or v
-        wn = new_const(g, f"{tag}.weight.folded", (w.astype(np.float64) * s.reshape((m,) + (1,) * (w.ndim - 1)))
-                       .astype(w.dtype), like=wv)
+        wn = conv.inputs[1] if np.all(s == 1) else \
+            new_const(g, f"{tag}.weight.folded", (w.astype(np.float64) * s.reshape((m,) + (1,) * (w.ndim - 1)))
+                      .astype(w.dtype), like=wv)
         bias = (0.0 if b is None else b.astype(np.float64)) * s + t
         bn = new_const(g, f"{tag}.bias.folded", bias.astype(w.dtype), like=g.values[bname] if bname else wv)
         c.replace(chain, Node("conv", [conv.inputs[0], wn, bn], [v], dict(conv.attrs), dict(conv.hints),

@@ -1,7 +1,8 @@
 """Matmul + adds: the bias and the residual that follow a matmul join it
 (ir/ops/fused.py `matmul_add`), so a backend can add them in the product's store:
 
-    y = ((a @ b) + c0) + c1        -> matmul_add(a, b, c0, c1)     (at most two adds)
+    y = ((a @ b) + c0) + c1        -> matmul_add(a, b, c0, c1)     (at most two adds; also
+                                                                   a matmul_add's own adds)
 
 Each add's other operand must broadcast to the product's shape (a bias row, a residual of the
 same shape); float32 only. A transformer layer has four such chains (QKV, output, two MLP).
@@ -20,10 +21,11 @@ def fuse_matmul_add(g: Graph) -> Graph:
     in_regions(fuse_matmul_add, g)
     c = Chains(g)
     for mm in list(g.nodes):
-        if mm.op != "matmul" or not all(c.dtype(i) == "f32" for i in mm.inputs) or not c.free(mm):
+        if mm.op not in ("matmul", "matmul_add") or not all(c.dtype(i) == "f32" for i in mm.inputs) \
+                or not c.free(mm):
             continue
         shape = tuple(g.values[mm.outputs[0]].shape)
-        chain, adds, u = [mm], [], mm.outputs[0]
+        chain, adds, u = [mm], list(mm.inputs[2:]), mm.outputs[0]
         while len(adds) < MAX_ADDS:
             add = c.sole(u, "add")
             other = c.other(add, u) if add is not None else None
@@ -34,6 +36,6 @@ def fuse_matmul_add(g: Graph) -> Graph:
             chain.append(add)
             adds.append(other)
             u = add.outputs[0]
-        if adds:
-            c.replace(chain, Node("matmul_add", list(mm.inputs) + adds, [u], name=mm.name))
+        if len(chain) > 1:
+            c.replace(chain, Node("matmul_add", list(mm.inputs[:2]) + adds, [u], name=mm.name))
     return c.commit()

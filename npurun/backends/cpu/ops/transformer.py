@@ -99,8 +99,10 @@ def gelu_call(program, x, d, a, m, mode):
 
 def make_gelu(program):
     def gelu(x, *, approximate):
-        if x.dtype != np.float32 or approximate != "none" or x.size == 0:
+        if x.dtype != np.float32 or approximate not in ("none", "tanh") or x.size == 0:
             return REF["gelu"](x, approximate=approximate)
+        if approximate == "tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            return gelu_call(program, x, 0.0, 0.0, 0.0, 2)
         # The reference: 0.5 * x * (1 + erf(x / sqrt 2)); 0.5 * (x * e) == x * (0.5 * e).
         return gelu_call(program, x, float(np.sqrt(2).astype(np.float32)), 1.0, 0.5, 0)
     return gelu
