@@ -24,8 +24,10 @@ def _static(shape) -> bool:
     return all(isinstance(d, int) for d in shape)
 
 
-def try_fold(node: Node, values: dict, out_shapes: list) -> list[np.ndarray] | None:
-    """The node's results if they can be known now, else None."""
+def try_fold(node: Node, values: dict, out_shapes: list, strict: bool = False) -> list[np.ndarray] | None:
+    """The node's results if they can be known now, else None. A kernel that fails on the
+    constants is left to fail at run time, naming the node (`strict`: the failure is raised,
+    as the importer wants it: a node that can only fail is a bad model)."""
     if node.regions or "control" in OPS[node.op].groups or "sequence" in OPS[node.op].groups \
             or "optional" in OPS[node.op].groups:
         return None
@@ -45,8 +47,16 @@ def try_fold(node: Node, values: dict, out_shapes: list) -> list[np.ndarray] | N
     if any(numel(s) is None or numel(s) > MAX_FOLD_ELEMENTS for s in out_shapes):
         return None
     from ..backends.reference.kernels import KERNELS
-    with np.errstate(all="ignore"):
-        res = KERNELS[node.op](*[None if v is None else v.data for v in ins], **OPS[node.op].attrs_of(node))
+    from ..errors import NpurunError
+    try:
+        with np.errstate(all="ignore"):
+            res = KERNELS[node.op](*[None if v is None else v.data for v in ins], **OPS[node.op].attrs_of(node))
+    except NpurunError:
+        raise
+    except Exception:  # noqa: BLE001 -- left to run: the run reports the failure, naming the node
+        if strict:
+            raise
+        return None
     res = res if isinstance(res, tuple) else (res,)
     return [np.asarray(r) for r in res] if all(isinstance(r, np.ndarray | np.generic) for r in res) else None
 

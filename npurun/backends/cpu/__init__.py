@@ -134,7 +134,7 @@ def _scalar_bounds(extra) -> bool:
 
 def has_cpu_kernel(node, graph) -> bool:
     """The cpu backend has no kernel of its own for this op; the reference kernel runs it."""
-    return node.op in CPU_KERNELS
+    return node.op in CPU_KERNELS or node.op in FACTORIES  # (FACTORIES: also ops registered later)
 
 
 def conv_is_2d(node, graph) -> bool:

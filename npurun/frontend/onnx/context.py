@@ -81,7 +81,7 @@ class Ctx:
         types = infer_node(node, self.graph.values)
         # (an operand of unknown rank is neither a constant nor a known shape: nothing to fold)
         ranked = all(self.graph.values[i].shape is not None for i in node.inputs if i)
-        folded = try_fold(node, self.graph.values, [t[0] for t in types]) if self.fold and ranked else None
+        folded = try_fold(node, self.graph.values, [t[0] for t in types], strict=True) if self.fold and ranked else None
         if folded is not None and all(a.dtype == to_numpy(t[1]) for a, t in zip(folded, types)):
             for nm, arr in zip(outputs, folded):
                 self.graph.const(nm, arr)
