@@ -198,3 +198,22 @@ def test_every_pass_keeps_real_model_outputs(name, rng):
     g, _ = _each_pass_then_pipeline(lambda: npurun.load(path), RANDOM_FEEDS[name](rng), 1e-4)
     n0 = len(npurun.load(path).nodes)
     assert len(g.nodes) < n0 if MODELS[name] else len(g.nodes) <= n0
+
+
+def test_a_random_op_is_never_folded_even_of_constants():
+    """RandomUniformLike of a constant draws anew on every run, through every pipeline."""
+    g = parse("""npuir 1
+graph r
+input x: [4] f32 DRAM0
+const c: [3] f32 DRAM0 = [1.0, 2.0, 3.0]
+op random_uniform_like (c: [3] f32 DRAM0 -> r: [3] f32 DRAM0)
+op neg (x: [4] f32 DRAM0 -> y: [4] f32 DRAM0)
+output r: [3] f32 DRAM0
+output y: [4] f32 DRAM0
+""")
+    for target in PIPELINES:
+        assert [n.op for n in run_pipeline(parse(print_graph(g)), pipeline_for(target)).nodes
+                if n.op != "neg"] == ["random_uniform_like"], target
+    exe = npurun.Executor("cpu")
+    x = np.ones(4, np.float32)
+    assert not np.array_equal(exe.run_sync(g, {"x": x})["r"], exe.run_sync(g, {"x": x})["r"])

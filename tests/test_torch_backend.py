@@ -28,10 +28,6 @@ KNOWN = {
                                               "expected outputs (2 of 192 elements)",
     **{f"test_attention_{c}_bf16_expanded": _BF16_SOFTMAX
        for c in ("3d_causal", "4d_causal", "4d_attn_mask_causal", "4d_causal_padded_kv", "4d_padded_kv")},
-    # A Squeeze without axes of unknown dims gives values of unknown rank (shape None), which
-    # the pass pipeline does not take yet (fold_constants._static, simplify_shapes._contents).
-    **{f"test_affine_grid_{c}_expanded": "values of unknown rank stop the pass pipeline"
-       for c in ("2d", "2d_align_corners", "3d_align_corners")},
 }
 
 

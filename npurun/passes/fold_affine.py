@@ -160,7 +160,8 @@ def fold_affine(g: Graph) -> Graph:
         if mm.op in ("matmul", "matmul_add", "gemm") and id(mm) not in c.taken:
             _fold_linear(g, c, mm)
     for conv in list(g.nodes):
-        if conv.op != "conv" or len(conv.outputs) != 1 or OPS["conv"].attrs_of(conv)["activation"]:
+        if conv.op != "conv" or len(conv.outputs) != 1 or OPS["conv"].attrs_of(conv)["activation"] \
+                or not c.free(conv):
             continue
         w = c.const(conv.inputs[1])
         bname = conv.inputs[2] if len(conv.inputs) > 2 else ""

@@ -21,15 +21,16 @@ MAX_FOLD_ELEMENTS = 1 << 20  # larger results stay computed at run time
 
 
 def _static(shape) -> bool:
-    return all(isinstance(d, int) for d in shape)
+    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 def try_fold(node: Node, values: dict, out_shapes: list, strict: bool = False) -> list[np.ndarray] | None:
     """The node's results if they can be known now, else None. A kernel that fails on the
     constants is left to fail at run time, naming the node (`strict`: the failure is raised,
     as the importer wants it: a node that can only fail is a bad model)."""
-    if node.regions or "control" in OPS[node.op].groups or "sequence" in OPS[node.op].groups \
-            or "optional" in OPS[node.op].groups:
+    groups = OPS[node.op].groups
+    # (a random op draws anew on every run: never a constant, whatever its operands)
+    if node.regions or groups & {"control", "sequence", "optional", "random"}:
         return None
     ins = [values[i] if i else None for i in node.inputs]
     if any(v is not None and v.kind != "tensor" for v in ins):

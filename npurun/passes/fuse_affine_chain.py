@@ -43,7 +43,7 @@ def fuse_affine_chain(g: Graph) -> Graph:
     in_regions(fuse_affine_chain, g)
     c = Chains(g)
     for head in list(g.nodes):
-        if id(head) in c.taken or not head.inputs or not head.inputs[0]:
+        if id(head) in c.taken or not head.inputs or not head.inputs[0] or not c.free(head):
             continue
         if head.op in FUSABLE_ACTIVATIONS:
             x = head.inputs[0]
@@ -57,7 +57,7 @@ def fuse_affine_chain(g: Graph) -> Graph:
             continue
         s0, t0, act, params, s1, t1 = 1.0, 0.0, "", [], 1.0, 0.0
         chain, v, n = [], x, head
-        while n is not None and c.free(n) and tuple(g.values[n.outputs[0]].shape) == tuple(g.values[x].shape):
+        while n is not None and c.free(n) and g.values[n.outputs[0]].shape == g.values[x].shape:
             ab = _affine(c, n, v)
             if ab is not None:
                 a, b = ab

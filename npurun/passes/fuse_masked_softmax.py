@@ -18,7 +18,7 @@ def fuse_masked_softmax(g: Graph) -> Graph:
     in_regions(fuse_masked_softmax, g)
     c = Chains(g)
     for sm in list(g.nodes):
-        if sm.op != "softmax" or c.dtype(sm.inputs[0]) != "f32":
+        if sm.op != "softmax" or c.dtype(sm.inputs[0]) != "f32" or not c.free(sm):
             continue
         rank = len(g.values[sm.inputs[0]].shape)
         if OPS["softmax"].attrs_of(sm)["axis"] not in (-1, rank - 1):
@@ -37,7 +37,7 @@ def fuse_masked_softmax(g: Graph) -> Graph:
         rs = c.readers.get(p, [])
         isnan = next((r for r in rs if r.op == "is_nan" and r.inputs == [p]), None)
         where = next((r for r in rs if r.op == "where"), None)
-        if isnan is not None and where is not None and c.only_readers(p, [isnan, where]) \
+        if isnan is not None and where is not None and c.free(isnan, where) and c.only_readers(p, [isnan, where]) \
                 and where.inputs[0] == isnan.outputs[0] and where.inputs[2] == p \
                 and c.sole(isnan.outputs[0]) is where and c.scalar(where.inputs[1]) is not None \
                 and tuple(g.values[where.outputs[0]].shape) == tuple(g.values[p].shape):

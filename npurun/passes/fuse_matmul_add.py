@@ -29,7 +29,7 @@ def fuse_matmul_add(g: Graph) -> Graph:
         while len(adds) < MAX_ADDS:
             add = c.sole(u, "add")
             other = c.other(add, u) if add is not None else None
-            if other is None or c.dtype(other) != "f32" or not c.free(add) \
+            if other is None or c.dtype(other) != "f32" or not c.free(add) or not c.ranked(other) \
                     or broadcast(shape, g.values[other].shape) != shape \
                     or tuple(g.values[add.outputs[0]].shape) != shape:
                 break

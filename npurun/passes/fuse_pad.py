@@ -46,7 +46,7 @@ def fuse_pad(g: Graph) -> Graph:
     c = Chains(g)
     for pad in list(g.nodes):
         if pad.op != "pad" or not c.free(pad):
-            continue
+            continue  # (free: also every value of known rank)
         x = pad.inputs[0]
         rank = len(g.values[x].shape)
         full = _spatial_pads(c, pad, rank)

@@ -72,7 +72,14 @@ class Chains:
         return n.inputs[1] if n.inputs[0] == name else n.inputs[0]
 
     def free(self, *nodes: Node) -> bool:
-        return f32(*nodes) and not any(id(n) in self.taken or n.regions for n in nodes)
+        """May these nodes join a fused node? float32, not fused already, no regions, and
+        every value they touch of known rank (a pattern reads ranks and shapes)."""
+        return f32(*nodes) and not any(id(n) in self.taken or n.regions for n in nodes) \
+            and all(self.ranked(nm) for n in nodes for nm in list(n.inputs) + list(n.outputs) if nm)
+
+    def ranked(self, name: str) -> bool:
+        v = self.g.values.get(name)
+        return v is None or v.shape is not None
 
     # -- rewriting ---------------------------------------------------------------------
     def replace(self, chain: list[Node], node: Node | list[Node]) -> None:

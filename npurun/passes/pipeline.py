@@ -105,7 +105,8 @@ def _bind_inputs(g: Graph, shapes: dict) -> None:
     for name in g.inputs:
         v = g.values[name]
         s = shapes.get(name)
-        if s is None or v.kind != "tensor" or len(s) != len(v.shape) or all(isinstance(d, int) for d in v.shape):
+        if s is None or v.kind != "tensor" or v.shape is None or len(s) != len(v.shape) \
+                or all(isinstance(d, int) for d in v.shape):
             continue
         if bind(v.shape, tuple(s), {}):
             v.shape = tuple(int(d) for d in s)
@@ -119,7 +120,11 @@ def _bind_inputs(g: Graph, shapes: dict) -> None:
             continue
         for nm, (shape, _dtype, _kind) in zip(n.outputs, inferred):
             v = g.values[nm]
-            if len(shape) == len(v.shape):
+            if shape is None:
+                continue
+            if v.shape is None:  # inference now knows the rank
+                v.shape = tuple(shape)
+            elif len(shape) == len(v.shape):
                 v.shape = tuple(s if isinstance(s, int) else d for d, s in zip(v.shape, shape))
 
 

@@ -50,10 +50,10 @@ def _one_round(g: Graph) -> bool:
     c = Chains(g)
     moved = False
     for t in list(g.nodes):
-        if t.op != "transpose" or id(t) in c.taken or not f32(t):
+        if t.op != "transpose" or id(t) in c.taken or not c.free(t):
             continue
         e = c.sole(t.outputs[0])
-        if e is None or id(e) in c.taken or not f32(e) or len(e.outputs) != 1 or not _pushable(e.op):
+        if e is None or not c.free(e) or len(e.outputs) != 1 or not _pushable(e.op):
             continue
         tv, yv = g.values[t.outputs[0]], g.values[e.outputs[0]]
         if tuple(tv.shape) != tuple(yv.shape) or tv.kind != "tensor":
@@ -103,7 +103,7 @@ def _cancel(g: Graph) -> bool:
     keep = []
     for n in g.nodes:
         p = prod.get(n.inputs[0]) if n.op == "transpose" else None
-        if p is None or p.op != "transpose" or not f32(n, p):
+        if p is None or p.op != "transpose" or not f32(n, p) or g.values[p.inputs[0]].shape is None:
             keep.append(n)
             continue
         x = p.inputs[0]

@@ -25,7 +25,7 @@ _NEUTRAL = {"add": 0, "sub": 0, "mul": 1, "div": 1}
 
 
 def _same_shape(a, b) -> bool:
-    return tuple(a) == tuple(b) and UNKNOWN not in tuple(a)
+    return a is not None and b is not None and tuple(a) == tuple(b) and UNKNOWN not in tuple(a)
 
 
 def is_noop(g: Graph, n: Node) -> bool:

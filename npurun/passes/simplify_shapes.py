@@ -54,6 +54,8 @@ def _contents(g: Graph, n: Node, known: dict) -> list | None:
             return None
         x = g.values[n.inputs[0]]
         # A `?` dim is still known as "dim i of x": a reshape of x itself may copy it.
+        if x.shape is None:  # (unknown rank: nothing to track)
+            return None
         dims = [(x.name, i) if d == UNKNOWN else d for i, d in enumerate(x.shape)]
         return dims[a["start"]:a["end"]]
     x = get(0)
@@ -124,7 +126,12 @@ def _refine(g: Graph) -> None:
             continue
         for nm, (shape, dtype, kind) in zip(n.outputs, inferred):
             v = g.values[nm]
-            if len(shape) != len(v.shape) or dtype != v.dtype or kind != v.kind:
+            if shape is None or dtype != v.dtype or kind != v.kind:
+                continue
+            if v.shape is None:  # the rank is known now
+                v.shape = tuple(shape)
+                continue
+            if len(shape) != len(v.shape):
                 continue
             v.shape = tuple(s if d == UNKNOWN and s != UNKNOWN else d for d, s in zip(v.shape, shape))
 
@@ -136,7 +143,7 @@ def simplify_shapes(g: Graph) -> Graph:
         out = n.outputs[0] if len(n.outputs) == 1 else None
         v = g.values.get(out) if out else None
         if v is not None and not n.regions and v.kind == "tensor" and v.dtype in INT_TYPES \
-                and len(v.shape) <= 1:
+                and v.shape is not None and len(v.shape) <= 1:
             try:
                 c = _contents(g, n, known)
             except IndexError:  # an index out of range fails at run time, as it should
@@ -147,7 +154,8 @@ def simplify_shapes(g: Graph) -> Graph:
                     v.data = np.array(c if v.shape else c[0], dtype=to_numpy(v.dtype))
                     v.shape = tuple(v.data.shape)
                     continue  # now a constant: the node goes
-        if n.op in ("reshape", "expand") and n.inputs[1] in known and const_data(g, n.inputs[1]) is None:
+        if n.op in ("reshape", "expand") and n.inputs[1] in known and const_data(g, n.inputs[1]) is None \
+                and g.values[n.inputs[0]].shape is not None:
             x = g.values[n.inputs[0]]
             t = known[n.inputs[1]]
             new = (_reshape_target(x.name, x.shape, t, OPS["reshape"].attrs_of(n)["allowzero"])

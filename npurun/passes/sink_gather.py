@@ -22,7 +22,7 @@ def sink_gather(g: Graph) -> Graph:
     in_regions(sink_gather, g)
     c = Chains(g)
     for gat in list(g.nodes):
-        if gat.op != "gather":
+        if gat.op != "gather" or not c.free(gat):
             continue
         mul = c.producer.get(gat.inputs[0])
         if mul is None or mul.op != "mul" or len(mul.inputs) != 2 or c.sole(gat.inputs[0]) is not gat:

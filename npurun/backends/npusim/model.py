@@ -88,6 +88,9 @@ def resolve_shapes(g: Graph, input_shapes: dict) -> dict[str, tuple]:
                               f"declared {list(g.values[name].shape)}")
     out = {}
     for nm, v in g.values.items():
+        if v.shape is None:  # unknown rank: no concrete shape before a run
+            out[nm] = None
+            continue
         dims = []
         for d in (input_shapes.get(nm, v.shape) if nm in g.inputs else v.shape):
             if isinstance(d, int):

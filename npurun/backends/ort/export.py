@@ -82,8 +82,9 @@ def _attr_value(k, v, a):
 def _type(v, shape=True):
     """The ONNX type of an IR value: element type and shape (symbols as dim_params). Outputs
     leave their shape to ONNX Runtime (`shape=False`)."""
-    dims = [d if isinstance(d, int) else (None if d in (None, "?") else str(d)) for d in v.shape]
-    t = helper.make_tensor_type_proto(TO_ONNX[v.dtype], dims if shape else None)
+    dims = None if v.shape is None else \
+        [d if isinstance(d, int) else (None if d in (None, "?") else str(d)) for d in v.shape]
+    t = helper.make_tensor_type_proto(TO_ONNX[v.dtype], dims if shape else None)  # (None: unknown rank)
     if v.kind == "seq":
         return helper.make_sequence_type_proto(t)
     if v.kind == "opt":

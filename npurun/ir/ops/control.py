@@ -15,10 +15,10 @@ def _types(region, names):
 
 
 # Branches of different ranks: True gives the If an output of unknown rank (shape None), the
-# honest type. Until the passes, the memory planner and the cpu backend take shape None (they
-# read value ranks in ~150 places), such an If keeps the then-branch's rank with unknown dims:
-# exporters' "squeeze if this dim is 1" Ifs (silero-vad) would otherwise stop at the pipeline.
-UNRANKED_IF = False
+# honest type; the passes leave values of unknown rank alone (passes/match.py `Chains.free`),
+# and the planner, npusim and the ort export take them. (False: the then-branch's rank with
+# unknown dims, what the IR did before it had unknown rank.)
+UNRANKED_IF = True
 
 
 def _merge(a, b):
