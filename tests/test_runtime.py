@@ -8,6 +8,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import npurun
 from npurun.errors import BackendError, InputError, NpurunError
+
+from conftest import nonzero_normal
 from npurun.frontend.onnx import import_model
 from npurun.ir import parse
 
@@ -116,3 +118,27 @@ def test_npuir_file_runs_like_the_onnx_it_came_from(tmp_path, rng):
     a = npurun.InferenceSession(path).run(None, {"x": x})[0]
     b = npurun.InferenceSession(tmp_path / "mlp.npuir").run(None, {"x": x})[0]
     np.testing.assert_array_equal(a, b)
+
+
+def test_a_scalar_input_may_come_as_one_element_of_any_rank(rng):
+    """ONNX Runtime's leniency: [1] or [1, 1] for a declared scalar runs as that scalar; a
+    scalar for a declared [1] and two elements for a scalar stay InputErrors."""
+    import npurun
+    from npurun.errors import InputError
+    g = npurun.parse("""input s: [] f32
+input v: [3] f32
+op mul (v: [3] f32, s: [] f32 -> y: [3] f32)
+output y: [3] f32
+""")
+    v = nonzero_normal(rng, (3,))
+    exe = npurun.Executor("cpu")
+    for given in (np.array([2.5], np.float32), np.array([[2.5]], np.float32)):
+        np.testing.assert_array_equal(exe.run_sync(g, {"s": given, "v": v})["y"], v * np.float32(2.5))
+    with pytest.raises(InputError, match="'s' has shape \\[2\\]"):
+        exe.run_sync(g, {"s": np.ones(2, np.float32), "v": v})
+    g1 = npurun.parse("""input s: [1] f32
+op neg (s: [1] f32 -> y: [1] f32)
+output y: [1] f32
+""")
+    with pytest.raises(InputError, match="'s' has shape \\[\\]"):
+        exe.run_sync(g1, {"s": np.array(2.0, np.float32)})

@@ -78,7 +78,11 @@ def check_inputs(graph: Graph, feeds: dict) -> dict[str, np.ndarray]:
             arr = as_strings(arr)  # str/bytes arrays run as object arrays of Python str
         if arr.dtype != want:
             raise InputError(f"{where}: input {name!r} has dtype {arr.dtype}, expected {want} ({v.dtype})")
-        if not bind(v.shape, arr.shape, env):
+        if v.shape == () and arr.ndim and arr.size == 1:
+            # ONNX Runtime's leniency: a scalar input given as one element of any rank ([1],
+            # [1, 1]) runs as the scalar the model declares (docs/onnx.md)
+            arr = arr.reshape(())
+        if v.shape is not None and not bind(v.shape, arr.shape, env):
             raise InputError(f"{where}: input {name!r} has shape {list(arr.shape)}, expected "
                              f"{format_shape(v.shape)}" + (f" with {env}" if env else ""))
         out[name] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
