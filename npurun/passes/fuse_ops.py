@@ -28,7 +28,7 @@ def _perm(n: Node, rank: int) -> list[int]:
 
 
 def _fuse_transposes(g: Graph, n: Node, prod: dict) -> bool:
-    p = prod.get(n.inputs[0])
+    p = prod.get(n.inputs[0]) if n.inputs else None
     if n.op != "transpose" or p is None or p.op != "transpose" or p.precision != n.precision:
         return False
     x = p.inputs[0]
@@ -39,7 +39,7 @@ def _fuse_transposes(g: Graph, n: Node, prod: dict) -> bool:
 
 
 def _fuse_reshapes(g: Graph, n: Node, prod: dict) -> bool:
-    p = prod.get(n.inputs[0])
+    p = prod.get(n.inputs[0]) if n.inputs else None
     if n.op != "reshape" or p is None or p.op not in RESHAPES or p.precision != n.precision:
         return False
     t = const_data(g, n.inputs[1])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from ..errors import PassError, VerifyError
+from ..errors import NpurunError, PassError, VerifyError
 from ..ir.graph import Graph
 from ..ir.verify import verify
 from .eliminate_dead_code import eliminate_dead_code
@@ -130,7 +130,13 @@ def _bind_inputs(g: Graph, shapes: dict) -> None:
 
 def run_pipeline(g: Graph, passes: list[Pass], *, verify_each: bool = False) -> Graph:
     for p in passes:
-        g = p(g)
+        try:
+            g = p(g)
+        except NpurunError:
+            raise
+        except Exception as e:  # a pass's bug: named, never a bare internal exception
+            raise PassError(f"{g.source}: pass {pass_name(p)} failed ({e.__class__.__name__}: {e}); "
+                            f"please report it with the model") from e
         if not isinstance(g, Graph):
             raise PassError(f"pass {pass_name(p)} returned {type(g).__name__}, not a Graph")
         if verify_each:

@@ -204,6 +204,8 @@ class TorchProgram(Program):
     def _env(self, inputs: dict) -> dict:
         env = {}
         env.update(inputs)
+        for nm in self._const_outputs:  # an output the passes folded: a fresh tensor per run
+            env[nm] = to_torch(np.array(self.consts[nm], copy=True), self.device)
         return env
 
     def _execute(self, env, progress=None, transfers=None, record=False):
