@@ -71,3 +71,24 @@ def test_gelu_tanh_form_matches_reference(rng):
     got = T.KERNELS["gelu"](PROG)(x, approximate="tanh")
     want = REF["gelu"](x, approximate="tanh")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 64, 256), (3, 17, 5), (200, 384, 384)])  # NumPy path, NumPy, packed sgemm
+@pytest.mark.parametrize("trans_a,trans_b,alpha,beta", [(0, 0, 1.0, 1.0), (0, 1, 1.0, 1.0), (1, 0, 0.5, 2.0),
+                                                        (1, 1, -1.5, 0.0)])
+@pytest.mark.parametrize("bias", ["const", "input", None])
+def test_gemm_by_a_constant_weight_matches_reference(rng, m, k, n, trans_a, trans_b, alpha, beta, bias):
+    from types import SimpleNamespace as NS
+    from npurun.ir.graph import Node, Value
+    w = nonzero_normal(rng, (n, k) if trans_b else (k, n))
+    c = nonzero_normal(rng, (n,))
+    vals = {"w": Value("w", w.shape, "f32", data=w), "c": Value("c", c.shape, "f32", data=c if bias == "const" else None)}
+    node = Node("gemm", ["a", "w"] + (["c"] if bias else []), ["y"],
+                {"trans_a": trans_a, "trans_b": trans_b, "alpha": alpha, "beta": beta})
+    a = nonzero_normal(rng, (k, m) if trans_a else (m, k))
+    attrs = {"trans_a": trans_a, "trans_b": trans_b, "alpha": alpha, "beta": beta}
+    kern = fused.gemm_kernel(PROG, node, NS(values=vals), REF["gemm"])
+    args = (a, w) + ((c,) if bias else ())
+    got, want = kern(*args, **attrs), REF["gemm"](*args, **attrs)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * max(1.0, float(np.abs(want).max())))

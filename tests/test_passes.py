@@ -23,7 +23,7 @@ CASES = Path(__file__).parent / "passes"
 PASSES = ["eliminate_dead_code", "simplify_shapes", "remove_noops", "fold_batchnorm", "fuse_ops",
           "layout_block4x4", "layout_nchwc", "fold_affine", "fuse_hard_swish", "fuse_swish", "fuse_gelu",
           "fuse_activation", "fuse_masked_softmax", "fuse_matmul_add", "sink_gather", "fuse_affine_chain",
-          "fuse_pad", "push_transposes"]
+          "fuse_pad", "push_transposes", "fuse_layer_norm"]
 ESPCN = Path(npurun.__file__).parent / "zoo" / "espcn_x3.onnx"
 
 

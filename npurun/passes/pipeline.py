@@ -29,6 +29,7 @@ from .fuse_activation import fuse_activation
 from .fuse_affine_chain import fuse_affine_chain
 from .fuse_gelu import fuse_gelu
 from .fuse_hard_swish import fuse_hard_swish
+from .fuse_layer_norm import fuse_layer_norm
 from .fuse_masked_softmax import fuse_masked_softmax
 from .fuse_matmul_add import fuse_matmul_add
 from .fuse_ops import fuse_ops
@@ -55,7 +56,7 @@ STANDARD: list[Pass] = [fold_constants, simplify_shapes, fold_constants, remove_
 # as its epilogue), activations spelled out in ops made single ops before the epilogue
 # fusion, the softmax's mask add before the matmul adds (which would take it otherwise), the
 # scalar affine runs last (they take what the others left).
-CPU_LOWERING: list[Pass] = [fold_affine, fuse_hard_swish, fuse_swish, fuse_gelu, fuse_activation,
+CPU_LOWERING: list[Pass] = [fold_affine, fuse_layer_norm, fuse_hard_swish, fuse_swish, fuse_gelu, fuse_activation,
                             fuse_masked_softmax, fuse_matmul_add, sink_gather, fuse_affine_chain,
                             eliminate_dead_code]
 PIPELINES: dict[str, list[Pass]] = {

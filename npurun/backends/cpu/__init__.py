@@ -56,6 +56,8 @@ class CpuProgram(Program):
         if node.op in ("matmul", "matmul_add") and node.precision in (None, "f32") and fn is not None \
                 and self._const(node.inputs[1], ndim=2):
             return fused_ops.linear_kernel(self, fn)
+        if node.op == "gemm" and node.precision in (None, "f32") and fn is not None and self._const(node.inputs[1], ndim=2):
+            return fused_ops.gemm_kernel(self, node, self.graph, fn)
         return fn
 
     def _const(self, name, ndim=None) -> bool:
@@ -153,7 +155,8 @@ def is_float32(node, graph) -> bool:
     return node.op != "conv" or graph is None or graph.values[node.inputs[0]].dtype == "f32"
 
 
-CPU_KERNELS = {"conv"} | (set(ACTIVATIONS) if native.LIB is not None else set()) | set(FACTORIES)
+# (gemm: CpuProgram.lower gives one by a constant weight its own kernel)
+CPU_KERNELS = {"conv", "gemm"} | (set(ACTIVATIONS) if native.LIB is not None else set()) | set(FACTORIES)
 
 
 def _doc() -> str:

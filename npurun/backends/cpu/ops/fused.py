@@ -27,7 +27,7 @@ AFFINE_ACT = None if native.LIB is None else native.LIB.npr_affine_act
 
 def make_masked_softmax(program):
     def masked_softmax(x, mask=None, *, axis, nan_fix, nan_value):
-        if mask is not None and x.shape != np.broadcast_shapes(x.shape, mask.shape):
+        if mask is not None and not native.broadcasts_to(mask.shape, x.shape):
             x, mask = mask, x  # the add is commutative: the full-shaped operand is the scores
         if x.ndim and axis % x.ndim == x.ndim - 1:
             y = T.softmax_call(program, x, mask, nan_value if nan_fix else None)
@@ -44,16 +44,56 @@ def make_matmul_add(program):
     return matmul_add
 
 
+SMALL_FLOP = 1 << 20  # a smaller product: NumPy's dot (~1-2 us) beats a ctypes call + packing
+
+
 def linear_kernel(program, fallback):
     """The kernel of one matmul / matmul_add node whose weights `b` are a constant (K, N)
-    matrix: packed once (the cache is this node's) for the packed sgemm."""
+    matrix: packed once (the cache is this node's) for the packed sgemm; a small product
+    (a 7-node MLP's 1 x 64 x 256) through NumPy's dot, the adds in place."""
     cache: dict = {}
 
     def linear(a, b, *adds):
+        if a.dtype == np.float32 and b.dtype == np.float32 and 2 * a.size * b.shape[-1] < SMALL_FLOP \
+                and a.ndim >= 1 and a.shape[-1] == b.shape[0]:
+            y = np.matmul(a, b)
+            for c in adds:
+                if c.dtype != np.float32 or not native.broadcasts_to(c.shape, y.shape):
+                    return fallback(a, b, *adds)
+                np.add(y, c, out=y)
+            return y
         y = MM.linear(program, a, b, cache, adds)
         return fallback(a, b, *adds) if y is None else y
     linear.cache = cache  # (tests look at the packing)
     return linear
+
+
+def gemm_kernel(program, node, graph, fallback):
+    """One gemm node by a constant (K, N) or, trans_b, (N, K) weight: the weight transposed and
+    scaled by alpha once, the bias scaled by beta once when constant; then the linear kernel.
+    Anything else (a computed weight) runs `fallback`."""
+    from ....ir.ops import OPS
+    a_ = OPS["gemm"].attrs_of(node)
+    w = graph.values[node.inputs[1]].data
+    if w is None or w.dtype != np.float32 or w.ndim != 2:
+        return fallback
+    bt = np.ascontiguousarray((w.T if a_["trans_b"] else w) * np.float32(a_["alpha"]) if a_["alpha"] != 1.0
+                              else (w.T if a_["trans_b"] else w))
+    cname = node.inputs[2] if len(node.inputs) > 2 else ""
+    cv = graph.values[cname].data if cname else None
+    beta, trans_a = a_["beta"], a_["trans_a"]
+    c_const = None if cv is None else (cv if beta == 1.0 else (cv * np.float32(beta)).astype(cv.dtype))
+    lin = linear_kernel(program, lambda a, b, *adds: None)
+
+    def gemm(a, b, c=None, **_attrs):
+        if a.dtype != np.float32 or a.ndim != 2:
+            return fallback(a, b, c, **_attrs)
+        a = a.T if trans_a else a
+        adds = () if c is None else ((c_const,) if c_const is not None else ((c if beta == 1.0 else c * np.float32(beta)),))
+        y = lin(a, bt, *adds)
+        return fallback(a.T if trans_a else a, b, c, **_attrs) if y is None else y
+    gemm.cache = lin.cache
+    return gemm
 
 
 def make_affine_activation(program):

@@ -71,7 +71,7 @@ def matmul_add(program, a, b, adds=()):
     else:
         return None
     for c in adds:
-        if c.dtype != np.float32 or np.broadcast_shapes(c.shape, out_shape) != out_shape:
+        if c.dtype != np.float32 or not native.broadcasts_to(c.shape, out_shape):
             return None
     y = np.empty(out_shape, np.float32)
     # Per band: the adds as (rows, N) slices, or one row of N broadcast down the band.

@@ -170,7 +170,7 @@ def softmax_call(program, x, mask=None, nan_to=None):
         return None
     div, mrows = 1, 1
     if mask is not None:
-        if np.broadcast_shapes(x.shape, mask.shape) != x.shape:
+        if not native.broadcasts_to(mask.shape, x.shape):
             return None
         rule = mask_rows(x.shape, mask.shape)
         if rule is None:
