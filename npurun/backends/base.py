@@ -172,10 +172,13 @@ class Program:
     def _subprogram(self, region: Graph) -> "Program":
         return Program(region, self.kernels, self.backend)
 
-    def run(self, feeds: dict[str, np.ndarray], progress: Progress | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], progress: Progress | None = None,
+            attention: list | None = None) -> dict[str, np.ndarray]:
+        """`progress` is called after each step; with `attention` (a one-element list, the
+        scheduler's flag) only at the steps where attention[0] is set."""
         env = dict(self.consts)
         env.update(self._check(feeds))
-        self._execute(env, progress)
+        self._execute(env, progress, attention)
         for nm in self._const_outputs:  # (folded away: a fresh array per run all the same)
             env[nm] = np.array(env[nm], copy=True)
         return {nm: env[nm] for nm in self.graph.outputs}
@@ -229,7 +232,7 @@ class Program:
         self._plan, self._plan_src = plan, tuple(steps)
         return plan
 
-    def _execute(self, env: dict, progress: Progress | None) -> None:
+    def _execute(self, env: dict, progress: Progress | None, attention: list | None = None) -> None:
         plan = self._plan_steps()
         total = len(plan)
         env[""] = None  # an omitted optional input reads as None
@@ -262,7 +265,7 @@ class Program:
                     env[outs[0]] = res
             for nm in dead:
                 env.pop(nm, None)
-            if progress:
+            if progress and (attention is None or attention[0]):
                 progress(i, total, label)
         del env[""]
 

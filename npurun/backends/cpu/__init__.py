@@ -109,9 +109,9 @@ class CpuProgram(Program):
             native.LIB.npr_activation(native.ptr(x), native.ptr(y), x.size, code, alpha, beta)
         return y
 
-    def run(self, feeds, progress=None):
+    def run(self, feeds, progress=None, attention=None):
         # BLAS threads are process-wide: held to ours for the duration of this run only.
-        return blas.with_threads(self.threads, lambda: super(CpuProgram, self).run(feeds, progress))
+        return blas.with_threads(self.threads, lambda: super(CpuProgram, self).run(feeds, progress, attention))
 
 
 def native_activation(activation: str, params):

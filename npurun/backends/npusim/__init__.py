@@ -44,8 +44,8 @@ class NpusimProgram(Program):
             steps.append((n, fn, attrs, dead))
         self.steps = steps
 
-    def run(self, feeds, progress=None):
-        out = super().run(feeds, progress)
+    def run(self, feeds, progress=None, attention=None):
+        out = super().run(feeds, progress, attention)
         shapes = {k: np.shape(v) for k, v in feeds.items()}
         self.last_report = estimate(self.graph, self.device, shapes, self.precision)
         return out

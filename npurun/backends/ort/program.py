@@ -80,7 +80,7 @@ class OrtProgram(Program):
                 item.build(self, backend)
         self.sessions = [i.session for i in self.items if isinstance(i, Segment)]
 
-    def run(self, feeds, progress=None):
+    def run(self, feeds, progress=None, attention=None):
         env = dict(self.consts)
         env.update(check_inputs(self.graph, feeds))
         total = len(self.items)

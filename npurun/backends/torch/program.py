@@ -175,7 +175,7 @@ class TorchProgram(Program):
     def _inputs(self, feeds: dict) -> dict:
         return {k: to_torch(a, self.device) for k, a in feeds.items()}
 
-    def run(self, feeds, progress=None):
+    def run(self, feeds, progress=None, attention=None):
         feeds = check_inputs(self.graph, feeds)
         if self.threads and torch.get_num_threads() != self.threads and self.device.type == "cpu":
             torch.set_num_threads(self.threads)
