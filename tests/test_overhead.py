@@ -213,3 +213,23 @@ def test_a_cpu_run_holds_blas_at_its_threads_and_restores_them(rng):
         leave.set()
         other.join()
         assert counts() == {2}  # restored when the last run left
+
+
+def test_a_quiet_inline_run_calls_no_boundary_and_is_still_accounted(rng, monkeypatch):
+    """Alone on an idle device, no boundary can decide anything: none is called; the task's
+    steps and MACs are counted all the same. A waiting task raises the device's attention."""
+    g = _graph(rng)
+    exe = npurun.Executor("cpu", parallelism=1)
+    sched = exe.scheduler
+    calls = []
+    real = sched._boundary
+    monkeypatch.setattr(sched, "_boundary", lambda task, i, label: (calls.append(i), real(task, i, label)))
+    before = sched.stats()["steps_done"]
+    exe.run_sync(g, _feeds(rng, True))
+    assert calls == [] and sched.attention == [False]
+    prog = exe.compile(g)
+    assert sched.stats()["steps_done"] - before == len(prog.steps)
+    assert exe.tasks()[0]["steps_done"] == exe.tasks()[0]["steps_total"] == len(prog.steps)
+    sched.pause()
+    assert sched.attention == [True]  # (a run started now would look at every boundary)
+    sched.resume()
