@@ -1,4 +1,4 @@
-/* The LSTM recurrence of npurun's cpu backend (npurun/backends/cpu/ops/recurrent.py), float32,
+/* The LSTM and GRU recurrences of npurun's cpu backend (npurun/backends/cpu/ops/recurrent.py), float32,
  * ONNX's default activations (sigmoid for i, o, f; tanh for the cell and the output), no clip,
  * no peepholes, no input_forget: everything else stays on the NumPy path.
  *
@@ -75,5 +75,84 @@ int npr_lstm_f32(const float *proj, const float *rt, float *h, float *c, float *
         }
     }
     free(g);
+    return 0;
+}
+
+/* out[j0:j1] = (init ? init[j] : 0) + sum_k h[k] * rt[k * ld + j]: a vector-matrix product over
+ * columns [j0, j1) of rt (H rows, row pitch ld), in slabs of SLAB columns; j1 - j0 a multiple
+ * of 8. */
+static void vecmat(const float *init, const float *h, const float *rt, int H, int ld, int j0, int j1, float *out)
+{
+    const __m256 zero = _mm256_setzero_ps();
+    for (int j = j0; j < j1; j += SLAB) {
+        int w = j1 - j < SLAB ? j1 - j : SLAB, nv = w / 8;
+        __m256 acc[8];
+        for (int v = 0; v < 8; v++) acc[v] = v < nv ? (init ? _mm256_loadu_ps(init + j + 8 * v) : zero) : zero;
+        const float *r = rt + j;
+        if (nv == 8) {
+            for (int k = 0; k < H; k++, r += ld) {
+                __m256 hk = _mm256_broadcast_ss(h + k);
+                for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + 8 * v), acc[v]);
+            }
+        } else {
+            for (int k = 0; k < H; k++, r += ld) {
+                __m256 hk = _mm256_broadcast_ss(h + k);
+                for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + 8 * v), acc[v]);
+            }
+        }
+        for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + j + 8 * v, acc[v]);
+    }
+}
+
+/* The GRU recurrence, float32, ONNX's default activations (sigmoid for z, r; tanh for the
+ * candidate), no clip; H a multiple of 8. proj (S, B, 3H): every step's x W^T plus the biases
+ * (z, r: Wb + Rb; candidate: Wbh, plus Rbh unless linear_before_reset); rt = R^T (H, 3H) with
+ * column blocks z, r, h; rbh: the candidate's recurrent bias (linear_before_reset), or NULL.
+ *     z, r = sigmoid(proj[:2H] + h R_zr^T)
+ *     c~ = tanh(proj[2H:] + r * (h R_h^T + Rbh))      (linear_before_reset, PyTorch's form)
+ *     c~ = tanh(proj[2H:] + (r * h) R_h^T)            (otherwise)
+ *     h = c~ + z * (h - c~)
+ * h (B, H) holds the initial state and gets the final one; step t's h goes to y + t * ys. */
+int npr_gru_f32(const float *proj, const float *rt, const float *rbh, float *h, float *y, long ys,
+                int S, int B, int H, int reverse, int lbr)
+{
+    const int G = 3 * H;
+    if (H % 8) return -2;
+    float *g = aligned_alloc(32, sizeof(float) * (size_t)G), *rh = aligned_alloc(32, sizeof(float) * (size_t)H);
+    if (!g || !rh) { free(g); free(rh); return -1; }
+    for (int s = 0; s < S; s++) {
+        int t = reverse ? S - 1 - s : s;
+        for (int b = 0; b < B; b++) {
+            const float *p = proj + ((long)t * B + b) * G;
+            float *hb = h + (long)b * H;
+            if (lbr) {  /* one product for all three blocks: they all read h */
+                vecmat(NULL, hb, rt, H, G, 0, G, g);
+            } else {
+                vecmat(NULL, hb, rt, H, G, 0, 2 * H, g);
+            }
+            for (int k = 0; k < 2 * H; k += 8)  /* z, r */
+                _mm256_store_ps(g + k, npr_sigmoid(_mm256_add_ps(_mm256_load_ps(g + k), _mm256_loadu_ps(p + k))));
+            if (!lbr) {  /* (r * h) R_h^T */
+                for (int k = 0; k < H; k += 8)
+                    _mm256_store_ps(rh + k, _mm256_mul_ps(_mm256_load_ps(g + H + k), _mm256_loadu_ps(hb + k)));
+                vecmat(NULL, rh, rt + 2 * H, H, G, 0, H, g + 2 * H);
+            }
+            for (int k = 0; k < H; k += 8) {
+                __m256 z = _mm256_load_ps(g + k), r = _mm256_load_ps(g + H + k), hr = _mm256_load_ps(g + 2 * H + k);
+                __m256 pre = _mm256_loadu_ps(p + 2 * H + k);
+                if (lbr) {
+                    if (rbh) hr = _mm256_add_ps(hr, _mm256_loadu_ps(rbh + k));
+                    pre = _mm256_fmadd_ps(r, hr, pre);
+                } else {
+                    pre = _mm256_add_ps(pre, hr);
+                }
+                __m256 cand = npr_tanh(pre), hv = _mm256_loadu_ps(hb + k);
+                _mm256_storeu_ps(hb + k, _mm256_fmadd_ps(z, _mm256_sub_ps(hv, cand), cand));
+            }
+            memcpy(y + t * ys + (long)b * H, hb, sizeof(float) * H);
+        }
+    }
+    free(g);
+    free(rh);
     return 0;
 }

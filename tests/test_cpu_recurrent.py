@@ -79,6 +79,18 @@ def test_lstm_variants(variant, peep, rng):
     _check("lstm", ins, _attrs("lstm", 5, direction, 0, **variant))
 
 
+@pytest.mark.skipif(recurrent._LIB is None, reason="compiled kernels not built")
+@pytest.mark.parametrize("lbr", [0, 1])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("hid,bias,init", [(8, True, True), (16, False, True), (64, True, False), (72, True, True)])
+def test_gru_recurrence_in_c_matches_reference(lbr, direction, hid, bias, init, rng):
+    """H a multiple of 8: csrc/recurrent.c's npr_gru_f32 (both reset forms, with and without
+    biases and initial state, 64 columns a slab and a ragged last slab)."""
+    dirs = 2 if direction == "bidirectional" else 1
+    ins = _inputs(rng, "gru", 5, 3, 7, hid, dirs, 0, bias=bias, init=init)
+    _check("gru", ins, _attrs("gru", hid, direction, 0, linear_before_reset=lbr))
+
+
 @pytest.mark.parametrize("lbr", [0, 1])
 @pytest.mark.parametrize("variant", [{}, {"clip": 0.5}, {"activations": ["HardSigmoid", "Softsign"]}])
 def test_gru_variants(lbr, variant, rng):

@@ -163,6 +163,8 @@ def _bind():
     P, L, I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.npr_lstm_f32.argtypes = [P, P, P, P, P, L, I, I, I, I]
     lib.npr_lstm_f32.restype = I
+    lib.npr_gru_f32.argtypes = [P, P, P, P, P, L, I, I, I, I, I]
+    lib.npr_gru_f32.restype = I
     return lib
 
 
@@ -178,6 +180,9 @@ def _gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size, di
                           linear_before_reset=linear_before_reset)
     dirs, hid = w.shape[0], r.shape[2]
     dt = x.dtype
+    if (_LIB is not None and dt == np.float32 and hid % 8 == 0 and not clip
+            and (not activations or [a.lower() for a in activations] == ["sigmoid", "tanh"] * dirs)):
+        return _gru_native(x, w, r, b, initial_h, hid, direction, layout, linear_before_reset)
     acts = _acts(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"], dirs)
     rzr = [r[d, :2 * hid].T for d in range(dirs)]  # (H, 2H): z, r (views)
     rh = [r[d, 2 * hid:].T for d in range(dirs)]  # (H, H): candidate
@@ -209,6 +214,39 @@ def _gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size, di
         return [cand + z * (h - cand)]  # (1 - z) * cand + z * h
     y, (h,) = _run(x, w, [initial_h], hid, direction, layout, bias, cell)
     return y.astype(dt, copy=False), h.astype(dt, copy=False)
+
+
+def _gru_native(x, w, r, b, initial_h, hid, direction, layout, lbr):
+    """The default-activation float32 GRU: the input projection by BLAS, the recurrence in
+    csrc/recurrent.c (one call per direction)."""
+    if layout:
+        x = x.transpose(1, 0, 2)
+        initial_h = None if initial_h is None else initial_h.transpose(1, 0, 2)
+    seq, batch, size = x.shape
+    dirs = w.shape[0]
+    flat = np.ascontiguousarray(x).reshape(seq * batch, size)
+    y = np.empty((seq, dirs, batch, hid), np.float32)
+    hs = np.zeros((dirs, batch, hid), np.float32) if initial_h is None else np.array(initial_h, np.float32, order="C")
+    rts = _transposed(r)
+    for d in range(dirs):
+        proj = flat @ w[d].T  # (S*B, 3H)
+        rbh = None
+        if b is not None:
+            wb, rb = b[d, :3 * hid], b[d, 3 * hid:]
+            bias = wb + rb
+            if lbr:  # the candidate's Rbh sits inside the reset product: the kernel adds it
+                bias[2 * hid:] = wb[2 * hid:]
+                rbh = np.ascontiguousarray(rb[2 * hid:], np.float32)
+            proj += bias
+        proj = np.ascontiguousarray(proj, np.float32)
+        rc = _LIB.npr_gru_f32(proj.ctypes.data, rts[d].ctypes.data, None if rbh is None else rbh.ctypes.data,
+                              hs[d].ctypes.data, y[0, d].ctypes.data, dirs * batch * hid, seq, batch, hid,
+                              int(direction == "reverse" or d == 1), int(bool(lbr)))
+        if rc:
+            raise MemoryError("the GRU kernel could not allocate its gate buffer")
+    if layout:
+        return y.transpose(2, 0, 1, 3), hs.transpose(1, 0, 2)
+    return y, hs
 
 
 def _rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size, direction, activations,
