@@ -110,7 +110,7 @@ int npr_dwconv2d(const float *x, int C, int H, int W, const float *w, const floa
         /* fill the planes: padded column q = pl + ix of row iy goes to plane q % sw, at q / sw;
          * a small buffer (small maps: 7x7, 14x14) is zeroed whole, a big one only where the
          * input does not cover it */
-        int whole = plane_rows * Wq <= 4096;
+        int whole = plane_rows * Wq <= 16384;  /* (<= 64 KB: one memset beats a few hundred small ones) */
         if (whole) memset(pad, 0, sizeof(float) * plane_rows * Wq);
         for (int r = 0; r < Hp; r++) {
             int iy = r - pt;
@@ -177,9 +177,14 @@ int npr_dwconv2d(const float *x, int C, int H, int W, const float *w, const floa
                 }
                 __m256 acc[4] = {a0, a1, a2, a3};
                 for (int k = 0; k < rows; k++) {
-                    float t8[8];
-                    _mm256_storeu_ps(t8, npr_act(acc[k], act, al, be));
-                    memcpy(yc + (long)(r + k) * Wo + j, t8, sizeof(float) * n);
+                    float *dst = yc + (long)(r + k) * Wo + j;
+                    if (n == 8) {
+                        _mm256_storeu_ps(dst, npr_act(acc[k], act, al, be));
+                    } else {  /* the ragged last strip of a row */
+                        float t8[8];
+                        _mm256_storeu_ps(t8, npr_act(acc[k], act, al, be));
+                        memcpy(dst, t8, sizeof(float) * n);
+                    }
                 }
             }
         }

@@ -92,3 +92,61 @@ def test_gemm_by_a_constant_weight_matches_reference(rng, m, k, n, trans_a, tran
     got, want = kern(*args, **attrs), REF["gemm"](*args, **attrs)
     assert got.shape == want.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("eq,sa,sb", [
+    ("bhlk,bhtk->bhlt", (2, 3, 5, 4), (2, 3, 6, 4)),    # CvT's attention scores
+    ("bhlt,bhtv->bhlv", (2, 3, 5, 6), (2, 3, 6, 7)),
+    ("ij,jk->ik", (4, 5), (5, 3)),
+    ("ij,kj->ki", (4, 5), (3, 5)),                      # a transposed result
+    ("bij,bjk->bik", (3, 2, 4), (3, 4, 5)),
+    ("i,i->", (7,), (7,)),                              # a dot product
+    ("i,j->ij", (3,), (4,)),                            # an outer product
+    ("abc,cd->abd", (2, 3, 4), (4, 5)),
+    ("ii,i->i", (3, 3), (3,)),                          # a repeated index: the reference
+    ("ij,jk", (4, 5), (5, 3)),                          # no output given: the reference
+])
+def test_einsum_as_batched_matmul_matches_reference(rng, eq, sa, sb):
+    from npurun.backends.cpu.ops import einsum
+    a, b = nonzero_normal(rng, sa), nonzero_normal(rng, sb)
+    got, want = einsum.KERNELS["einsum"](PROG)(a, b, equation=eq), REF["einsum"](a, b, equation=eq)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xshape", [(2, 6, 40, 41), (1, 8, 3000), (1, 4, 30, 30, 20)])
+def test_instance_normalization_matches_reference(rng, xshape):
+    c = xshape[1]
+    x = nonzero_normal(rng, xshape) * 2 + 0.5
+    s, b = nonzero_normal(rng, (c,)), nonzero_normal(rng, (c,))
+    got = channelwise.KERNELS["instance_normalization"](PROG)(x, s, b, epsilon=1e-5)
+    want = REF["instance_normalization"](x, s, b, epsilon=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("xshape,groups", [((2, 12, 30, 31), 3), ((1, 64, 56, 56), 1), ((1, 8, 20, 20), 8)])
+def test_group_normalization_matches_reference(rng, xshape, groups):
+    c = xshape[1]
+    x = nonzero_normal(rng, xshape) - 0.3
+    s, b = nonzero_normal(rng, (c,)), nonzero_normal(rng, (c,))
+    got = channelwise.KERNELS["group_normalization"](PROG)(x, s, b, num_groups=groups, epsilon=1e-5)
+    want = REF["group_normalization"](x, s, b, num_groups=groups, epsilon=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("xshape,attrs", [
+    ((1, 6, 20, 21), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "count_include_pad": 0}),
+    ((2, 4, 20, 21), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ((1, 3, 17, 17), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": None, "count_include_pad": 0,
+                      "ceil_mode": 1}),
+    ((1, 5, 14, 9), {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [0, 1, 1, 0], "count_include_pad": 0}),
+    ((1, 8, 7, 7), {"kernel_shape": [7, 7], "strides": [1, 1], "pads": None, "count_include_pad": 0}),
+])
+def test_average_pool_on_the_depthwise_kernel_matches_reference(rng, xshape, attrs):
+    from npurun.backends.cpu.ops import vision
+    a = {"dilations": None, "ceil_mode": 0, "auto_pad": "NOTSET", **attrs}
+    x = nonzero_normal(rng, xshape)
+    got = vision._average_pool(PROG)(x, **a)
+    want = REF["average_pool"](x, **a)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -17,7 +17,8 @@ from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
 from ..ir.shapes import numel
 
-MAX_FOLD_ELEMENTS = 1 << 20  # larger results stay computed at run time
+MAX_FOLD_ELEMENTS = 1 << 20  # larger results stay computed at run time (but see try_fold)
+MAX_TRANSFORM_ELEMENTS = 1 << 26
 
 
 def _static(shape) -> bool:
@@ -43,9 +44,12 @@ def try_fold(node: Node, values: dict, out_shapes: list, strict: bool = False) -
         return [shape[a["start"]:a["end"]]]
     if not all(v is None or v.is_const for v in ins) or not any(v is not None for v in ins):
         return None
-    if any(v is not None and v.data.size > MAX_FOLD_ELEMENTS for v in ins):
-        return None
-    if any(numel(s) is None or numel(s) > MAX_FOLD_ELEMENTS for s in out_shapes):
+    # A result bigger than MAX_FOLD_ELEMENTS stays computed, unless it takes no more bytes
+    # than an operand (checked on the result below): a transform of weights the model holds
+    # anyway (BiT's weight standardization, a transpose of a weight) costs no memory folded
+    # and a run each not. (A dequantization widens its bytes: MiniLM-int8's int8 embedding
+    # table stays int8.)
+    if any(numel(s) is None or numel(s) > MAX_TRANSFORM_ELEMENTS for s in out_shapes):
         return None
     from ..backends.reference.kernels import KERNELS
     from ..errors import NpurunError
@@ -59,7 +63,13 @@ def try_fold(node: Node, values: dict, out_shapes: list, strict: bool = False) -
             raise
         return None
     res = res if isinstance(res, tuple) else (res,)
-    return [np.asarray(r) for r in res] if all(isinstance(r, np.ndarray | np.generic) for r in res) else None
+    if not all(isinstance(r, np.ndarray | np.generic) for r in res):
+        return None
+    res = [np.asarray(r) for r in res]
+    biggest = max(v.data.nbytes for v in ins if v is not None)
+    if any(r.size > MAX_FOLD_ELEMENTS and r.nbytes > biggest for r in res):
+        return None
+    return res
 
 
 def fold_constants(g: Graph, outer: dict | None = None) -> Graph:

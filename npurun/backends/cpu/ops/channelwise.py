@@ -5,7 +5,11 @@
   passes and two temporaries;
 - `batch_normalization` in inference form standing alone (DenseNet's after each concat,
   pre-activation ResNets'; one after a conv is folded into it by the passes): y = x * s + t
-  per channel, s and t computed once per node from constant parameters.
+  per channel, s and t computed once per node from constant parameters;
+- `instance_normalization` and `group_normalization` (BiT's and PoolFormer's GroupNorm, which
+  exporters write as an InstanceNorm over reshaped groups): the rows (a channel's or a
+  group's elements) normalized by csrc/transformer.c's layernorm (statistics in float32, two
+  passes), then the per-channel scale and shift in one pass.
 
 Anything else (other dtypes, other broadcasts, parameters computed at run time) runs the
 reference kernel. Checked against it in tests/test_cpu_fused.py.
@@ -62,4 +66,62 @@ def make_batch_normalization(program):
     return batch_normalization
 
 
-KERNELS = {} if native.LIB is None else {"prelu": make_prelu, "batch_normalization": make_batch_normalization}
+_ONES: dict = {}  # row length -> ones (the layernorm kernel's scale)
+
+
+def _normalize_rows(x, rows: int, n: int, epsilon: float):
+    """x (contiguous float32) as `rows` rows of n, each normalized: (x - mean) / sqrt(var + eps)."""
+    from . import transformer as T
+    ones = _ONES.get(n)
+    if ones is None:
+        ones = _ONES.setdefault(n, np.ones(n, np.float32)) if len(_ONES) < 64 else np.ones(n, np.float32)
+    y = np.empty_like(x)
+    mean, inv = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    T.LIB.npr_layernorm(native.ptr(x), native.ptr(ones), None, native.ptr(y), native.ptr(mean), native.ptr(inv),
+                        0, rows, n, epsilon)
+    return y
+
+
+def _scale_shift(y, c: int, scale, bias):
+    """y (N, C, ...) times scale[c] plus bias[c], in place."""
+    s = np.ascontiguousarray(scale, np.float32).reshape(c)
+    t = np.ascontiguousarray(bias, np.float32).reshape(c)
+    inner = y.size // (y.shape[0] * c)
+    native.LIB.npr_channel_affine_act(native.ptr(y), native.ptr(y), y.shape[0], c, inner, native.ptr(s),
+                                      native.ptr(t), 0, 0.0, 0.0)
+    return y
+
+
+def _norm_ok(x, scale, bias, c) -> bool:
+    from . import transformer as T
+    return T.LIB is not None and x.dtype == np.float32 and x.ndim >= 3 and x.size >= BIG \
+        and scale.size == c and bias.size == c and scale.dtype == bias.dtype == np.float32
+
+
+def make_instance_normalization(program):
+    def instance_normalization(x, scale, bias, *, epsilon):
+        c = x.shape[1] if x.ndim >= 2 else 0
+        if not _norm_ok(x, scale, bias, c):
+            return REF["instance_normalization"](x, scale, bias, epsilon=epsilon)
+        x = np.ascontiguousarray(x)
+        y = _normalize_rows(x, x.shape[0] * c, x.size // (x.shape[0] * c), epsilon)
+        return _scale_shift(y, c, scale, bias)
+    return instance_normalization
+
+
+def make_group_normalization(program):
+    def group_normalization(x, scale, bias, *, num_groups, epsilon, **attrs):
+        c = x.shape[1] if x.ndim >= 2 else 0
+        if attrs.get("stash_type", 1) not in (1, "f32") or not _norm_ok(x, scale, bias, c) or c % num_groups:
+            return REF["group_normalization"](x, scale, bias, num_groups=num_groups, epsilon=epsilon, **attrs)
+        x = np.ascontiguousarray(x)
+        rows = x.shape[0] * num_groups
+        y = _normalize_rows(x, rows, x.size // rows, epsilon)
+        return _scale_shift(y, c, scale, bias)
+    return group_normalization
+
+
+KERNELS = {} if native.LIB is None else {
+    "prelu": make_prelu, "batch_normalization": make_batch_normalization,
+    "instance_normalization": make_instance_normalization, "group_normalization": make_group_normalization,
+}
