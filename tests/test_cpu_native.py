@@ -199,3 +199,20 @@ def test_unfused_activations_run_the_compiled_kernel(rows, threads, rng):
     x = nonzero_normal(rng, (rows, 2001)) * 4
     got = npurun.Executor("cpu", parallelism=threads).run_sync(g, {"x": x})["z"]
     np.testing.assert_allclose(got, KERNELS["sigmoid"](KERNELS["tanh"](x)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("xs,ws,a", [
+    ((1, 64, 14, 15), (64, 32, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),                   # Winograd-sized groups
+    ((2, 48, 9, 10), (96, 16, 3, 3), {"group": 3, "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # batch 2: slices copied
+    ((1, 32, 20, 20), (32, 16, 1, 1), {"group": 2}),                                        # pointwise groups
+])
+def test_wide_groups_run_as_dense_convs_and_match_reference(xs, ws, a, rng):
+    """Groups >= GROUP_SPLIT_MIN wide: one dense conv per channel slice, each its own algorithm."""
+    x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])
+    assert ws[1] >= nativeconv.GROUP_SPLIT_MIN
+    cache = {}
+    for act in (None, "relu"):
+        for _ in range(2):  # the second run reuses the per-group packing
+            got = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, None, 1, cache)
+            close(got, KERNELS["conv"](x, w, b, **_attrs(a)), act)
+    assert len(cache["groups"]) == a["group"]
