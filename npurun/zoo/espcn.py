@@ -88,7 +88,7 @@ def merge_ycbcr(y: np.ndarray, cb: Image.Image, cr: Image.Image, size: tuple[int
     cr8 = np.asarray(cr.resize(size, Image.BICUBIC), dtype=np.uint8)
     y = np.ascontiguousarray(y, dtype=np.float32)
     from ..backends.cpu import native
-    if native.LIB is not None and hasattr(native.LIB, "npr_ycc_to_rgb"):
+    if native.LIB is not None:
         planes = np.empty((3,) + y.shape, np.uint8)
         native.LIB.npr_ycc_to_rgb(native.ptr(y), native.ptr(cb8), native.ptr(cr8), native.ptr(planes[0]),
                                   native.ptr(planes[1]), native.ptr(planes[2]), y.size)

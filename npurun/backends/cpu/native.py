@@ -48,6 +48,60 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _signatures() -> dict:
+    """Every entry point of the library: name -> (argtypes, restype). The one place the cpu
+    backend declares its C signatures; the modules call native.LIB's functions directly."""
+    P, I, F, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
+    conv = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P]  # x, C, H, W, w, bias, M, geometry, act: y
+    sig = {
+        # conv.c: depthwise, standalone activations
+        "npr_dwconv2d": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
+        "npr_dwconv2d_mt": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
+        "npr_activation": ([P, P, L, I, F, F], None),
+        "npr_activation_mt": ([P, P, L, I, F, F, I, I], None),
+        # chain.c: elementwise chains and per-channel ops
+        "npr_affine_act": ([P, P, L, F, F, I, F, F, F, F], None),
+        "npr_channel_affine_act": ([P, P, L, L, L, P, P, I, F, F], None),
+        "npr_prelu_channels": ([P, P, L, L, L, P], None),
+        # color.c: zoo/espcn.py's YCbCr -> RGB merge
+        "npr_ycc_to_rgb": ([P, P, P, P, P, P, L], None),
+        # transformer.c and gemm_mt.c: erf, GELU, LayerNorm, softmax, the packed sgemm
+        "npr_erf": ([P, P, L], None),
+        "npr_erf_mt": ([P, P, L, I, I], None),
+        "npr_gelu": ([P, P, L, F, F, F, I], None),
+        "npr_gelu_mt": ([P, P, L, F, F, F, I, I, I], None),
+        "npr_layernorm": ([P, P, P, P, P, P, L, L, L, F], None),
+        "npr_layernorm_mt": ([P, P, P, P, P, P, L, L, F, I, I], None),
+        "npr_softmax": ([P, P, P, L, L, L, L, L, I, F], None),
+        "npr_softmax_mt": ([P, P, P, L, L, L, L, I, F, I, I], None),
+        "npr_gemm_mt": ([I, P, P, P, P, P, L, L, L, L, I, I], None),
+        "npr_gemm_q8_mt": ([I, P, P, P, P, P, P, L, L, L, L, P, L, I, I], None),
+        "npr_bmm_mt": ([I, P, P, P, L, L, L, L, I], I),
+        # recurrent.c: the LSTM and GRU recurrences
+        "npr_lstm_f32": ([P, P, P, P, P, L, I, I, I, I], I),
+        "npr_gru_f32": ([P, P, P, P, P, L, I, I, I, I, I], I),
+    }
+    for isa in ("avx2", "avx512"):
+        sig.update({
+            f"npr_conv2d_{isa}": (conv + [I, I, I, I, L, I], I),            # conv.c: implicit GEMM
+            f"npr_conv2d_{isa}_mt": (conv + [I, I, I, I, I, I], I),
+            f"npr_convg_{isa}": (conv + [I, I, L, L], I),                    # conv_gemm.c: flat pixels
+            f"npr_convg_{isa}_mt": (conv + [I, I, I, I], I),
+            f"npr_convg_{isa}_mr": ([], I),
+            f"npr_wino_{isa}": ([P, I, I, I, P, P, I, I, I, I, F, F, P, I, I, I, I, I], I),  # winograd.c
+            f"npr_wino_{isa}_mt": ([P, I, I, I, P, P, I, I, I, I, F, F, P, I, I, I, I, I, I, I], I),
+            f"npr_wino_mr_{isa}": ([], I),
+            f"npr_smallc_{isa}": ([P, I, I, I, P, P, I] + [I] * 4 + [I, F, F, P, I, I, I, I, I], I),  # smallc.c
+            f"npr_smallc_{isa}_mt": ([P, I, I, I, P, P, I] + [I] * 4 + [I, F, F, P, I, I, I, I, I, I, I], I),
+            f"npr_smallc_mr_{isa}": ([], I),
+            f"npr_gemm_pack_{isa}": ([P, P, L, L], None),                     # transformer.c's sgemm
+            f"npr_gemm_{isa}": ([P, P, P, P, P, L, L, L, L, L], None),
+            f"npr_gemm_nr_{isa}": ([], I),
+            f"npr_gemm_q8_{isa}": ([P, P, P, P, P, P, L, L, L, L, L, P], None),
+        })
+    return sig
+
+
 def _load():
     here = Path(__file__).parent
     files = [here / f"_kernels{s}" for s in importlib.machinery.EXTENSION_SUFFIXES]
@@ -62,35 +116,12 @@ def _load():
         lib = ctypes.CDLL(str(lib_file))
     except OSError as e:
         return None, f"{lib_file.name} does not load: {e}"
-    P, I, F, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
-    for isa in ("avx2", "avx512"):
-        f = getattr(lib, f"npr_conv2d_{isa}")
-        f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, I, I, L, I]
-        f.restype = I
-        f = getattr(lib, f"npr_wino_{isa}")  # csrc/winograd.c
-        f.argtypes = [P, I, I, I, P, P, I, I, I, I, F, F, P, I, I, I, I, I]
-        f.restype = I
-        getattr(lib, f"npr_wino_mr_{isa}").restype = I
-        f = getattr(lib, f"npr_wino_{isa}_mt", None)  # the same, its bands on par.h's pool
-        if f is not None:
-            f.argtypes = [P, I, I, I, P, P, I, I, I, I, F, F, P, I, I, I, I, I, I, I]
-            f.restype = I
-    lib.npr_dwconv2d.argtypes = [P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I]
-    lib.npr_dwconv2d.restype = I
-    if hasattr(lib, "npr_ycc_to_rgb"):  # csrc/color.c (zoo/espcn.py's merge)
-        lib.npr_ycc_to_rgb.argtypes = [P, P, P, P, P, P, L]
-        lib.npr_ycc_to_rgb.restype = None
-    lib.npr_activation_mt.argtypes = [P, P, L, I, F, F, I, I]
-    lib.npr_activation_mt.restype = None
-    lib.npr_activation.argtypes = [P, P, L, I, F, F]
-    lib.npr_activation.restype = None
-    # csrc/chain.c: elementwise chains and per-channel ops (cpu/ops/fused.py, ops/channelwise.py)
-    lib.npr_affine_act.argtypes = [P, P, L, F, F, I, F, F, F, F]
-    lib.npr_affine_act.restype = None
-    lib.npr_channel_affine_act.argtypes = [P, P, L, L, L, P, P, I, F, F]
-    lib.npr_channel_affine_act.restype = None
-    lib.npr_prelu_channels.argtypes = [P, P, L, L, L, P]
-    lib.npr_prelu_channels.restype = None
+    try:
+        for name, (args, res) in _signatures().items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+    except AttributeError as e:
+        return None, f"{lib_file.name} lacks an entry point ({e}): rebuild with `pip install -e .`"
     return lib, ""
 
 

@@ -188,7 +188,7 @@ def flat_chosen(c: int, m: int, group: int, geo: tuple, ho: int, wo: int, isa: s
     build (8 x 1-vector tiles, ~80 GFLOP/s) lost to the AVX2 Winograd and implicit GEMM on
     most of YOLOv8n's shapes (docs/cpu.md, "Small-image convs"). Measured on YOLOv8n's 63 convs
     at 1 thread, AVX-512: 14.1 ms in all (the previous choice 19.8, ORT 14.3)."""
-    if isa != "avx512" or group != 1 or ho * wo > FLAT_MAX_PIXELS or not hasattr(LIB, f"npr_convg_{isa}"):
+    if isa != "avx512" or group != 1 or ho * wo > FLAT_MAX_PIXELS:
         return False
     return not (winograd.chosen(c, m, group, geo, ho, wo, isa) and c >= 32
                 and ho * wo >= (1600 if threads == 1 else 1601))
@@ -220,7 +220,7 @@ def smallc_chosen(c: int, m: int, group: int, geo: tuple, isa: str) -> bool:
     checked first). ESPCN's 5x5 1->64 +tanh on 1280x720, 1 thread: AVX-512 ~23 ms against the
     implicit GEMM's ~51 (docs/cpu.md, "ESPCN 720p -> 4K, now")."""
     return (group == 1 and c <= SMALLC_MAX_C and geo[2:6] == (1, 1, 1, 1) and geo[0] * geo[1] >= 4
-            and m >= 8 and hasattr(LIB, f"npr_smallc_{isa}"))
+            and m >= 8)
 
 
 def _smallc(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flops):
@@ -380,41 +380,6 @@ def _run(fn, jobs, pool, threads):
         fn(jobs[0])
         for f in futs:
             f.result()
-
-
-def _declare():
-    """ctypes signatures of the conv entry points beyond native.py's (absent from an older build)."""
-    import ctypes
-    P, I, F, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_long
-    for isa in ("avx2", "avx512"):
-        f = getattr(LIB, f"npr_convg_{isa}", None)
-        if f is not None:
-            f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, L, L]
-            f.restype = I
-            f = getattr(LIB, f"npr_convg_{isa}_mt")
-            f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, I, I]
-            f.restype = I
-            getattr(LIB, f"npr_convg_{isa}_mr").restype = I
-        f = getattr(LIB, f"npr_conv2d_{isa}_mt", None)  # conv.c
-        if f is not None:
-            f.argtypes = [P, I, I, I, P, P, I] + [I] * 8 + [I, F, F, P, I, I, I, I, I, I]
-            f.restype = I
-        f = getattr(LIB, f"npr_smallc_{isa}", None)  # smallc.c
-        if f is not None:
-            f.argtypes = [P, I, I, I, P, P, I] + [I] * 4 + [I, F, F, P, I, I, I, I, I]
-            f.restype = I
-            getattr(LIB, f"npr_smallc_mr_{isa}").restype = I
-            f = getattr(LIB, f"npr_smallc_{isa}_mt")
-            f.argtypes = [P, I, I, I, P, P, I] + [I] * 4 + [I, F, F, P, I, I, I, I, I, I, I]
-            f.restype = I
-    f = getattr(LIB, "npr_dwconv2d_mt", None)  # conv.c
-    if f is not None:
-        f.argtypes = [P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I]
-        f.restype = I
-
-
-if LIB is not None:
-    _declare()
 
 
 def _check(rc: int):

@@ -131,8 +131,7 @@ def pack(b: np.ndarray, isa: str) -> np.ndarray:
 
 
 def _lib():
-    from .transformer import LIB
-    return LIB
+    return native.LIB
 
 
 def int8_columns(b: np.ndarray):
@@ -186,36 +185,15 @@ def _prepare(cache, b, isa, lib):
         cache.update(b=b, isa=isa, nr=nr, bp=pack(b, isa), bq=None, scale=None)
 
 
-_MT: list = []
-_BMM: list = []
-
-
 def _bmm():
-    """csrc/gemm_mt.c's npr_bmm_mt with its ctypes signature, or None (an older build)."""
-    if not _BMM:
-        import ctypes
-        lib = _lib()
-        f = None if lib is None else getattr(lib, "npr_bmm_mt", None)
-        if f is not None:
-            P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-            f.argtypes, f.restype = [I, P, P, P, L, L, L, L, I], I
-        _BMM.append(f)
-    return _BMM[0]
+    """csrc/gemm_mt.c's batched packed sgemm on the library's pool."""
+    lib = _lib()
+    return None if lib is None else lib.npr_bmm_mt
 
 
 def _mt(lib):
-    """(npr_gemm_mt, npr_gemm_q8_mt) with their ctypes signatures, or None in an older build."""
-    if not _MT:
-        import ctypes
-        P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-        f, q = getattr(lib, "npr_gemm_mt", None), getattr(lib, "npr_gemm_q8_mt", None)
-        if f is None or q is None:
-            _MT.append(None)
-        else:
-            f.argtypes, f.restype = [I, P, P, P, P, P, L, L, L, L, I, I], None
-            q.argtypes, q.restype = [I, P, P, P, P, P, P, L, L, L, L, P, L, I, I], None
-            _MT.append((f, q))
-    return _MT[0]
+    """(npr_gemm_mt, npr_gemm_q8_mt): the packed sgemm's panels on the library's pool."""
+    return lib.npr_gemm_mt, lib.npr_gemm_q8_mt
 
 
 def linear(program, a, b, cache: dict, adds=()):

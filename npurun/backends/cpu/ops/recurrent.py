@@ -19,6 +19,7 @@ import numpy as np
 
 from ...reference.kernels import KERNELS as REF
 from ...reference.kernels.sequence_models import _activations
+from .. import native
 
 
 def _sigmoid(v):
@@ -154,21 +155,7 @@ def _transposed(r):
     return hit[1]
 
 
-def _bind():
-    import ctypes
-    from .. import native
-    lib = native.LIB
-    if lib is None or not hasattr(lib, "npr_lstm_f32"):
-        return None
-    P, L, I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    lib.npr_lstm_f32.argtypes = [P, P, P, P, P, L, I, I, I, I]
-    lib.npr_lstm_f32.restype = I
-    lib.npr_gru_f32.argtypes = [P, P, P, P, P, L, I, I, I, I, I]
-    lib.npr_gru_f32.restype = I
-    return lib
-
-
-_LIB = _bind()
+_LIB = native.LIB  # (signatures: native.py)
 
 
 def _gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size, direction, activations,

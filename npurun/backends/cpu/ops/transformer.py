@@ -14,7 +14,6 @@ Shapes in MiniLM (128 tokens): GELU on (1, 128, 1536), LayerNorm over (1, 128, 3
 """
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
@@ -24,42 +23,7 @@ from .. import native
 
 BIG = 1 << 14  # elements; below this one thread does the whole tensor (a hand-off costs ~1-5 us)
 
-_P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
-
-
-def _bind():
-    """The library's transformer entry points, or None where it lacks them (an older build)."""
-    lib = native.LIB
-    if lib is None or not hasattr(lib, "npr_softmax_mt"):
-        return None
-    lib.npr_erf.argtypes = [_P, _P, _L]
-    lib.npr_erf.restype = None
-    lib.npr_gelu.argtypes = [_P, _P, _L, _F, _F, _F, _I]
-    lib.npr_gelu.restype = None
-    lib.npr_layernorm.argtypes = [_P, _P, _P, _P, _P, _P, _L, _L, _L, _F]
-    lib.npr_layernorm.restype = None
-    lib.npr_softmax.argtypes = [_P, _P, _P, _L, _L, _L, _L, _L, _I, _F]
-    lib.npr_softmax.restype = None
-    lib.npr_erf_mt.argtypes = [_P, _P, _L, _I, _I]  # csrc/gemm_mt.c: the same on the spinning pool
-    lib.npr_erf_mt.restype = None
-    lib.npr_gelu_mt.argtypes = [_P, _P, _L, _F, _F, _F, _I, _I, _I]
-    lib.npr_gelu_mt.restype = None
-    lib.npr_layernorm_mt.argtypes = [_P, _P, _P, _P, _P, _P, _L, _L, _F, _I, _I]
-    lib.npr_layernorm_mt.restype = None
-    lib.npr_softmax_mt.argtypes = [_P, _P, _P, _L, _L, _L, _L, _I, _F, _I, _I]
-    lib.npr_softmax_mt.restype = None
-    for isa in ("avx2", "avx512"):  # ops/matmul.py's pre-packed sgemm
-        getattr(lib, f"npr_gemm_pack_{isa}").argtypes = [_P, _P, _L, _L]
-        getattr(lib, f"npr_gemm_pack_{isa}").restype = None
-        getattr(lib, f"npr_gemm_{isa}").argtypes = [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L]
-        getattr(lib, f"npr_gemm_{isa}").restype = None
-        getattr(lib, f"npr_gemm_nr_{isa}").restype = _I
-        getattr(lib, f"npr_gemm_q8_{isa}").argtypes = [_P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _P]
-        getattr(lib, f"npr_gemm_q8_{isa}").restype = None
-    return lib
-
-
-LIB = _bind()
+LIB = native.LIB  # (signatures: native.py)
 
 
 def _ptr(a):
