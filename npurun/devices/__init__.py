@@ -19,15 +19,30 @@ from ..errors import NpurunError
 
 HERE = Path(__file__).parent
 DEFAULT_DEVICE = "x-elite-hexagon"
-# Precision names in device files, and the NPU-IR precision suffixes they stand for.
+# Precision names in device files, and the NPU-IR precision suffixes they stand for. The IR's
+# i16 is int16 activations with int8 weights (docs/precision.md), the device's w8a16.
 PRECISIONS = {"int8": "i8", "int8_acc16": "i8acc16", "fp16": "f16", "int16": "i16"}
-IR_TO_DEVICE = {v: k for k, v in PRECISIONS.items()}
+# Weight-only quantized precisions (8- or 4-bit weights, 16-bit activations): optional in a
+# device file; a unit that does not list them runs them at its int16 rate.
+WEIGHT_ONLY = ("w8a16", "w4a16")
+IR_TO_DEVICE = {"i8": "int8", "i8acc16": "int8_acc16", "f16": "fp16", "i16": "w8a16"}
+# The three families the calibration fits separately: 8-bit activations, float, 16-bit
+# integer activations (int16, w8a16, w4a16 all keep activations at 16 bits).
+FAMILY = {"int8": "int8", "int8_acc16": "int8", "fp16": "fp16", "int16": "a16", "w8a16": "a16", "w4a16": "a16"}
 # Calibration keys and their defaults (a device file may leave any of them out).
 CALIBRATION_DEFAULTS = {
-    "matrix_efficiency": {"int8": 0.5, "fp16": 0.5, "int16": 0.5},  # share of peak on full tiles
+    # share of peak on full tiles, per precision family (FAMILY)
+    "matrix_efficiency": {"int8": 0.5, "fp16": 0.5, "a16": 0.5},
+    # a product of two activations (attention's Q K^T and P V): its second operand is laid out
+    # for the array at run time, not ahead of time like a weight; share of the weight rate
+    "dynamic_matmul_efficiency": 1.0,
     "vector_efficiency": 0.5,      # share of the vector units' peak elementwise rate
-    "op_us_scale": {"int8": 1.0, "fp16": 1.0},  # per-op overhead multiplier by precision
-    "graph_us_scale": {"int8": 1.0, "fp16": 1.0},
+    # a depthwise convolution's MACs on the vector units (each input reused by every tap:
+    # a different rate than elementwise work, notably for ConvNeXt's 7x7 kernels)
+    "depthwise_efficiency": 0.5,
+    "op_us_scale": {"int8": 1.0, "fp16": 1.0, "a16": 1.0},  # per-op overhead multiplier by family
+    "graph_us_scale": {"int8": 1.0, "fp16": 1.0, "a16": 1.0},
+    "dram_share": 1.0,             # share of the DRAM bandwidth a long weight stream achieves
     "io_gbps": 20.0,               # host I/O rate for the graph's inputs and outputs, GB/s
 }
 
@@ -180,6 +195,8 @@ def parse_device(data: dict, source: str = "<device>") -> Device:
             r.fail(f"{w}.tile", f"expected three positive integers [depth, channels, pixels], got {tile!r}")
         mpc_t = r.get(u, "macs_per_cycle", w, dict)
         mpc = {p: r.get(mpc_t, p, f"{w}.macs_per_cycle", allow_zero=True) for p in PRECISIONS}
+        for p in WEIGHT_ONLY:  # optional: a unit that does not list them runs them at its int16 rate
+            mpc[p] = r.get(mpc_t, p, f"{w}.macs_per_cycle", allow_zero=True) if p in mpc_t else mpc["int16"]
         if not any(mpc.values()):
             r.fail(f"{w}.macs_per_cycle", "every precision is 0: the unit computes nothing")
         units.append(ComputeUnit(r.get(u, "name", w, str), kind, r.get(u, "count", w, int), tuple(tile), mpc))
@@ -235,7 +252,8 @@ def parse_device(data: dict, source: str = "<device>") -> Device:
         thermal_resistance=r.get(th, "resistance_k_per_w", "thermal"),
         ambient_c=ambient, throttle_c=throttle, recovery_c=recovery,
         reference_voltage=r.get(en, "reference_voltage_v", "energy"),
-        pj_per_mac={p: r.get(pmac_t, p, "energy.pj_per_mac", allow_zero=True) for p in PRECISIONS},
+        pj_per_mac={**{p: r.get(pmac_t, p, "energy.pj_per_mac", allow_zero=True) for p in PRECISIONS},
+                    **{p: float(pmac_t.get(p, pmac_t.get("int16", 0.0))) for p in WEIGHT_ONLY}},
         pj_per_byte={t: r.get(pbyte_t, t, "energy.pj_per_byte", allow_zero=True) for t in ("sram", "cache", "dram")},
         calibration=calib)
 

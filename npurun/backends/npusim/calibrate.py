@@ -20,33 +20,46 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...devices import Device
-from .model import graph_overhead_s, io_bytes, node_timings, resolve_shapes, choose_precision
+from ...devices import FAMILY, Device
+from .model import graph_overhead_s, io_bytes, node_timings, resolve_shapes, choose_precision, is_dynamic_matmul
 from .placement import place
 
-PARAMS = ("matrix_eff_int8", "matrix_eff_fp16", "vector_eff", "op_us_int8", "op_us_fp16",
-          "graph_us_int8", "graph_us_fp16", "io_gbps")
-PREC = {"float": "fp16", "w8a8": "int8"}
+FAMILIES = ("int8", "fp16", "a16")
+PARAMS = ("matrix_eff_int8", "matrix_eff_fp16", "matrix_eff_a16", "dynamic_eff", "vector_eff", "depthwise_eff",
+          "op_us_int8", "op_us_fp16", "op_us_a16", "graph_us_int8", "graph_us_fp16", "graph_us_a16",
+          "dram_share")
+# Parameters that are shares of a peak: kept in (0, 1].
+SHARES = ("matrix_eff_int8", "matrix_eff_fp16", "matrix_eff_a16", "dynamic_eff", "vector_eff", "depthwise_eff",
+          "dram_share")
+# AI Hub precision name -> the device precision npusim times it at.
+PREC = {"float": "fp16", "w8a8": "int8", "w8a16": "w8a16", "w4a16": "w4a16"}
 
 
 @dataclass
 class Decomposed:
     name: str
-    precision: str  # device precision family: int8 | fp16
-    c1: np.ndarray
-    m: np.ndarray
+    precision: str  # device precision family: int8 | fp16 | a16
+    c1: np.ndarray      # compute time at efficiency 1
+    m_dram: np.ndarray  # DRAM transfer time at dram_share 1
+    m_sram: np.ndarray
     p: np.ndarray
-    kind: np.ndarray  # 0 matrix, 1 vector
+    kind: np.ndarray  # 0 matrix (weights), 1 vector, 2 matrix (two activations), 3 depthwise on vectors
     macs: int
     n_ops: int
     io_bytes: int
+    io_s: float = 0.0  # graph I/O at the device's host rate (not fitted)
+
+    @property
+    def m(self) -> np.ndarray:
+        return self.m_dram + self.m_sram
 
 
 def unit_device(dev: Device) -> Device:
     """A copy of `dev` with efficiencies 1 and no overheads: node times then give c1 and m."""
     d = copy.deepcopy(dev)
-    d.calibration["matrix_efficiency"] = {k: 1.0 for k in d.calibration["matrix_efficiency"]}
-    d.calibration["vector_efficiency"] = 1.0
+    c = d.calibration
+    c["matrix_efficiency"] = {k: 1.0 for k in c["matrix_efficiency"]}
+    c["vector_efficiency"] = c["dynamic_matmul_efficiency"] = c["depthwise_efficiency"] = c["dram_share"] = 1.0
     d.op_us = d.graph_us = 0.0
     return d
 
@@ -58,43 +71,79 @@ def decompose(g, dev: Device, precision: str, name: str = "") -> Decomposed:
     placement, _ = place(g, shapes, precs, dev.sram.size_bytes)
     f = dev.dvfs[-1].freq_mhz * 1e6
     timed = node_timings(g, d1, shapes, placement, precision, f)
-    nodes = [n for n in timed if n.unit]
-    pipe = [int(gn.hints.get("pipeline", dev.pipeline)) for gn, n in zip(g.nodes, timed) if n.unit]
+    keep = [(gn, n) for gn, n in zip(g.nodes, timed) if n.unit]
     mat = dev.unit("matrix").name
-    return Decomposed(name or g.name, "fp16" if precision == "fp16" else "int8",
-                      np.array([n.compute_s for n in nodes]), np.array([n.transfer_s for n in nodes]),
-                      np.array(pipe, dtype=float), np.array([0 if n.unit == mat else 1 for n in nodes]),
-                      sum(n.macs for n in nodes), len(nodes), io_bytes(g, shapes))
+    kind = [(3 if gn.op in ("conv", "conv_integer") else 1) if n.unit != mat else (2 if is_dynamic_matmul(gn, g) else 0)
+            for gn, n in keep]
+    fam = FAMILY[precision]
+    iob = io_bytes(g, shapes)
+    return Decomposed(name or g.name, fam,
+                      np.array([n.compute_s for _, n in keep]), np.array([n.dram_s for _, n in keep]),
+                      np.array([n.transfer_s - n.dram_s for _, n in keep]),
+                      np.array([int(gn.hints.get("pipeline", dev.pipeline)) for gn, _ in keep], dtype=float),
+                      np.array(kind), sum(n.macs for _, n in keep), len(keep), iob,
+                      iob / (dev.calibration["io_gbps"] * 1e9))
 
 
 def params_of(dev: Device) -> dict:
     c = dev.calibration
-    return {"matrix_eff_int8": c["matrix_efficiency"]["int8"], "matrix_eff_fp16": c["matrix_efficiency"]["fp16"],
-            "vector_eff": c["vector_efficiency"],
-            "op_us_int8": dev.op_us * c["op_us_scale"]["int8"], "op_us_fp16": dev.op_us * c["op_us_scale"]["fp16"],
-            "graph_us_int8": dev.graph_us * c["graph_us_scale"]["int8"],
-            "graph_us_fp16": dev.graph_us * c["graph_us_scale"]["fp16"], "io_gbps": c["io_gbps"]}
+    out = {f"matrix_eff_{f}": c["matrix_efficiency"][f] for f in FAMILIES}
+    out.update({f"op_us_{f}": dev.op_us * c["op_us_scale"][f] for f in FAMILIES})
+    out.update({f"graph_us_{f}": dev.graph_us * c["graph_us_scale"][f] for f in FAMILIES})
+    out.update(dynamic_eff=c["dynamic_matmul_efficiency"], vector_eff=c["vector_efficiency"],
+               depthwise_eff=c["depthwise_efficiency"], dram_share=c["dram_share"])
+    return out
 
 
 def apply_params(dev: Device, prm: dict) -> Device:
     d = copy.deepcopy(dev)
     c = d.calibration
-    c["matrix_efficiency"]["int8"] = prm["matrix_eff_int8"]
-    c["matrix_efficiency"]["fp16"] = prm["matrix_eff_fp16"]
+    c["matrix_efficiency"] = {f: prm[f"matrix_eff_{f}"] for f in FAMILIES}
+    c["op_us_scale"] = {f: prm[f"op_us_{f}"] / d.op_us for f in FAMILIES}
+    c["graph_us_scale"] = {f: prm[f"graph_us_{f}"] / d.graph_us for f in FAMILIES}
+    c["dynamic_matmul_efficiency"] = prm["dynamic_eff"]
     c["vector_efficiency"] = prm["vector_eff"]
-    c["op_us_scale"] = {"int8": prm["op_us_int8"] / d.op_us, "fp16": prm["op_us_fp16"] / d.op_us}
-    c["graph_us_scale"] = {"int8": prm["graph_us_int8"] / d.graph_us, "fp16": prm["graph_us_fp16"] / d.graph_us}
-    c["io_gbps"] = prm["io_gbps"]
+    c["depthwise_efficiency"] = prm["depthwise_eff"]
+    c["dram_share"] = prm["dram_share"]
     return d
 
 
 def predict(prm: dict, d: Decomposed) -> float:
     fam = d.precision
-    eff = np.where(d.kind == 0, prm[f"matrix_eff_{fam}"], prm["vector_eff"])
+    me = prm[f"matrix_eff_{fam}"]
+    eff = np.select([d.kind == 0, d.kind == 2, d.kind == 3], [me, me * prm["dynamic_eff"], prm["depthwise_eff"]],
+                    prm["vector_eff"])
     c = d.c1 / eff
-    busy = np.where(d.p >= 2, np.maximum(c, d.m) + np.minimum(c, d.m) / d.p, c + d.m)
-    return float(busy.sum() + d.n_ops * prm[f"op_us_{fam}"] * 1e-6 + prm[f"graph_us_{fam}"] * 1e-6
-                 + d.io_bytes / (prm["io_gbps"] * 1e9))
+    m = d.m_dram / prm["dram_share"] + d.m_sram
+    busy = np.where(d.p >= 2, np.maximum(c, m) + np.minimum(c, m) / d.p, c + m)
+    return float(busy.sum() + d.n_ops * prm[f"op_us_{fam}"] * 1e-6 + prm[f"graph_us_{fam}"] * 1e-6 + d.io_s)
+
+
+class Stack:
+    """Many decomposed graphs as one set of arrays, so that a fit evaluates every row of the
+    calibration set in a few vectorized operations (`predict` for all rows at once)."""
+
+    def __init__(self, rows: list[Decomposed]):
+        self.n = len(rows)
+        self.row = np.concatenate([np.full(len(d.c1), i) for i, d in enumerate(rows)]).astype(int)
+        cat = lambda f: np.concatenate([getattr(d, f) for d in rows])  # noqa: E731
+        self.c1, self.m_dram, self.m_sram, self.p, self.kind = (cat(k) for k in ("c1", "m_dram", "m_sram", "p", "kind"))
+        fams = np.array([FAMILIES.index(d.precision) for d in rows])
+        self.node_fam = fams[self.row]
+        self.fam = fams
+        self.n_ops = np.array([d.n_ops for d in rows], float)
+        self.io_s = np.array([d.io_s for d in rows])
+
+    def predict(self, prm: dict) -> np.ndarray:
+        me = np.array([prm[f"matrix_eff_{f}"] for f in FAMILIES])[self.node_fam]
+        eff = np.select([self.kind == 0, self.kind == 2, self.kind == 3],
+                        [me, me * prm["dynamic_eff"], prm["depthwise_eff"]], prm["vector_eff"])
+        c = self.c1 / eff
+        m = self.m_dram / prm["dram_share"] + self.m_sram
+        busy = np.where(self.p >= 2, np.maximum(c, m) + np.minimum(c, m) / self.p, c + m)
+        op = np.array([prm[f"op_us_{f}"] for f in FAMILIES])[self.fam]
+        gr = np.array([prm[f"graph_us_{f}"] for f in FAMILIES])[self.fam]
+        return np.bincount(self.row, busy, self.n) + (self.n_ops * op + gr) * 1e-6 + self.io_s
 
 
 def nelder_mead(f, x0, steps, iters=2000, tol=1e-10):
@@ -131,21 +180,35 @@ def _loss(pred, y):
 
 
 def fit(rows: list[tuple[Decomposed, float]], start: dict) -> dict:
-    """Least squares on log latency; efficiencies kept in (0, 1], overheads >= 0."""
+    """Least squares on log latency; shares kept in (0, 1], overheads >= 0. Parameters of a
+    precision family no row has keep their start values."""
+    stack = Stack([d for d, _ in rows])
+    y = np.log(np.array([t for _, t in rows]))
+    have = {d.precision for d, _ in rows}
+    free = [k for k in PARAMS if k.rsplit("_", 1)[1] not in FAMILIES or k.rsplit("_", 1)[1] in have]
+    if not any((d.kind == 2).any() for d, _ in rows):  # no attention among the rows
+        free.remove("dynamic_eff")
+    if not any((d.kind == 3).any() for d, _ in rows):  # no depthwise convolution
+        free.remove("depthwise_eff")
+    if not any((d.m_dram > 0).any() for d, _ in rows):  # nothing streams from DRAM
+        free.remove("dram_share")
+
     def unpack(x):
-        prm = dict(zip(PARAMS, np.exp(x)))
+        prm = dict(start)
+        prm.update(zip(free, np.exp(x)))
         return prm
 
     def f(x):
         prm = unpack(x)
-        pen = sum(max(0.0, math.log(prm[k])) ** 2 * 100 for k in PARAMS[:3])
-        return _loss([predict(prm, d) for d, _ in rows], [y for _, y in rows]) + pen
+        pen = sum(max(0.0, math.log(prm[k])) ** 2 * 100 for k in SHARES if k in free)
+        r = np.log(stack.predict(prm)) - y
+        return float(np.mean(r * r)) + pen
 
-    x0 = np.log([max(start[k], 1e-3) for k in PARAMS])
-    x, _ = nelder_mead(f, x0, [0.5] * len(PARAMS))
-    x, _ = nelder_mead(f, x, [0.2] * len(PARAMS))  # a restart escapes a collapsed simplex
+    x0 = np.log([max(start[k], 1e-3) for k in free])
+    x, _ = nelder_mead(f, x0, [0.5] * len(free), iters=3000)
+    x, _ = nelder_mead(f, x, [0.2] * len(free), iters=3000)  # a restart escapes a collapsed simplex
     prm = unpack(x)
-    for k in PARAMS[:3]:
+    for k in SHARES:
         prm[k] = min(prm[k], 1.0)
     return prm
 
@@ -154,7 +217,7 @@ def fit_roofline(rows: list[tuple[int, str, float]]) -> dict:
     """The baseline: latency = a + MACs / rate, one (a, rate) pair per precision, fitted on the
     same log loss."""
     out = {}
-    for fam in ("int8", "fp16"):
+    for fam in FAMILIES:
         sub = [(m, y) for m, p, y in rows if p == fam]
         if not sub:
             continue
@@ -168,15 +231,25 @@ def fit_roofline(rows: list[tuple[int, str, float]]) -> dict:
     return out
 
 
-def load_rows(csv_path, names: dict) -> list[dict]:
-    """Calibration rows of the AI Hub CSV: models in `names`, precision float or w8a8, the
-    qnn_dlc runtime (torchscript_onnx_qnn where a model has no qnn_dlc row)."""
-    pref = {"qnn_dlc": 0, "torchscript_onnx_qnn": 1}
+# Runtimes whose rows measure the model on the NPU through QNN, most preferred first: the
+# current qnn_dlc / qnn_context_binary rows, then the older names of the same path; "onnx"
+# (ONNX Runtime's QNN provider) only where a model has nothing else (Swin).
+RUNTIMES = {"qnn_dlc": 0, "qnn_context_binary": 0, "qnn": 1, "torchscript_onnx_qnn": 2, "onnx": 3}
+
+
+def load_rows(csv_path, names: dict, precisions=("float", "w8a8", "w8a16")) -> list[dict]:
+    """Calibration rows of the AI Hub CSV: models in `names`, the given precisions, the most
+    preferred runtime each (model, precision) has (RUNTIMES). A float or w8a8 row through
+    ONNX Runtime is kept; its w8a16 rows are not (they run 10-20x slower than the same model
+    through QNN: not an NPU figure)."""
+    pref = RUNTIMES
     best: dict = {}
     with open(csv_path, newline="") as f:
         for r in csv.DictReader(f):
             model = r["model"].removesuffix("_quantized")
-            if model not in names or r["precision"] not in PREC or r["runtime"] not in pref:
+            if model not in names or r["precision"] not in precisions or r["runtime"] not in pref:
+                continue
+            if r["runtime"] == "onnx" and r["precision"] == "w8a16":
                 continue
             key = (model, r["precision"])
             if key not in best or pref[r["runtime"]] < pref[best[key]["runtime"]]:
@@ -184,5 +257,5 @@ def load_rows(csv_path, names: dict) -> list[dict]:
     return [best[k] for k in sorted(best)]
 
 
-__all__ = ["Decomposed", "decompose", "fit", "fit_roofline", "predict", "params_of", "apply_params",
-           "load_rows", "PARAMS", "PREC", "graph_overhead_s"]
+__all__ = ["Decomposed", "Stack", "decompose", "fit", "fit_roofline", "predict", "params_of", "apply_params",
+           "load_rows", "PARAMS", "PREC", "FAMILIES", "graph_overhead_s"]

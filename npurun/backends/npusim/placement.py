@@ -13,8 +13,10 @@ from ...ir.graph import Graph
 from .model import value_bytes
 
 
-def place(g: Graph, shapes: dict, precisions: list[str], capacity: int) -> tuple[dict[str, str], int]:
-    """value name -> 'sram' | 'dram', and the peak SRAM bytes used."""
+def place(g: Graph, shapes: dict, precisions: list[str], capacity: int,
+          resident_weights: bool = True) -> tuple[dict[str, str], int]:
+    """value name -> 'sram' | 'dram', and the peak SRAM bytes used. `resident_weights=False`
+    keeps weights out of SRAM (a plan that streams them from DRAM on every inference)."""
     n = max(len(g.nodes), 1)
     first: dict[str, int] = {}
     last: dict[str, int] = {}
@@ -35,8 +37,10 @@ def place(g: Graph, shapes: dict, precisions: list[str], capacity: int) -> tuple
     for nm, v in g.values.items():
         if nm in io or nm not in prec:
             continue
-        size = value_bytes(shapes.get(nm), prec[nm], v.dtype)
+        size = value_bytes(shapes.get(nm), prec[nm], v.dtype, weight=v.is_const)
         if size <= 0:
+            continue
+        if v.is_const and not resident_weights:
             continue
         if v.is_const:
             lo, hi, saved = 0, n - 1, reads.get(nm, 0) * size

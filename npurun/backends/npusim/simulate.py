@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from ...devices import Device, load_device
+from ...devices import FAMILY, Device, load_device
 from ...errors import NpurunError
 from ...ir.graph import Graph
 from ...util import atomic_write
@@ -148,8 +148,7 @@ def main_precision(nodes) -> str:
 def _one(g, dev, shapes, placement, precision, idx):
     p = dev.dvfs[idx]
     nodes = node_timings(g, dev, shapes, placement, precision, p.freq_mhz * 1e6)
-    fam = "fp16" if main_precision(nodes) == "fp16" else "int8"
-    over = graph_overhead_s(dev, fam, io_bytes(g, shapes))
+    over = graph_overhead_s(dev, FAMILY[main_precision(nodes)], io_bytes(g, shapes))
     for n in nodes:
         n.start_s += over
         n.energy_j = node_energy(n, dev, p.voltage_v) if n.unit else 0.0
@@ -187,8 +186,9 @@ def trace_shapes(graph: Graph, shapes: dict, inputs: dict | None = None) -> dict
 
 def estimate(graph: Graph, device: Device | str, input_shapes: dict | None = None, precision: str = "auto",
              sustained_s: float = 0.0, dvfs_index: int | None = None, governor=None,
-             inputs: dict | None = None) -> Report:
-    """`inputs`: real values for inputs whose values steer shapes (used only to find shapes)."""
+             inputs: dict | None = None, resident_weights: bool = True) -> Report:
+    """`inputs`: real values for inputs whose values steer shapes (used only to find shapes);
+    `resident_weights=False`: weights are not kept in SRAM between inferences (placement.place)."""
     dev = device if isinstance(device, Device) else load_device(device)
     if sustained_s < 0:
         raise NpurunError(f"--sustained {sustained_s}: expected a number of seconds >= 0")
@@ -200,7 +200,7 @@ def estimate(graph: Graph, device: Device | str, input_shapes: dict | None = Non
     if any(shapes.get(o) is None for n in graph.nodes for o in n.outputs):
         shapes.update(trace_shapes(graph, shapes, inputs))
     precs = [choose_precision(n, graph, precision) for n in graph.nodes]
-    placement, sram_peak = place(graph, shapes, precs, dev.sram.size_bytes)
+    placement, sram_peak = place(graph, shapes, precs, dev.sram.size_bytes, resident_weights)
     idx = len(dev.dvfs) - 1 if dvfs_index is None else dvfs_index
     nodes, lat, over, energy = _one(graph, dev, shapes, placement, precision, idx)
     mp = main_precision(nodes)

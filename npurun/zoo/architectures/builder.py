@@ -1,19 +1,24 @@
 """A small graph builder for the calibration architectures: NPU-IR graphs built op by op with
 random weights (only shapes matter for timing; random, not zero, so functional checks mean
-something). Shapes are inferred by the op vocabulary as each node is added."""
+something). Shapes are inferred by the op vocabulary as each node is added.
+
+`lazy=True` is for models too large to hold as float32 (a 7B LLM, SD's UNet): each weight is
+one random row broadcast over its leading dims (a read-only view: O(last dim) memory), still
+random and non-zero, the right shape for every rule that reads shapes."""
 from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Graph, Node, Value
+from ...ir.graph import DEFAULT_SPACE, Graph, Node, Value
 from ...ir.ops import infer_node
 
 
 class Builder:
-    def __init__(self, name: str, seed: int = 0):
+    def __init__(self, name: str, seed: int = 0, lazy: bool = False):
         self.g = Graph(name=name, source=f"<architecture {name}>")
         self.rng = np.random.default_rng(seed)
         self.count: dict[str, int] = {}
+        self.lazy = lazy
 
     # ------------------------------------------------------------ plumbing
     def _name(self, base: str) -> str:
@@ -29,6 +34,11 @@ class Builder:
     def weight(self, shape, scale: float | None = None, base: str = "w") -> str:
         fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else int(shape[0])
         s = scale if scale is not None else 1.0 / np.sqrt(max(fan_in, 1))
+        if self.lazy:
+            row = self.rng.standard_normal(shape[-1], dtype=np.float32) * np.float32(s)
+            name = self._name(base)
+            self.g.add_value(Value(name, tuple(shape), "f32", DEFAULT_SPACE, np.broadcast_to(row, tuple(shape))))
+            return name
         arr = (self.rng.standard_normal(shape, dtype=np.float32) * np.float32(s))
         return self.g.const(self._name(base), arr).name
 
@@ -112,6 +122,19 @@ class Builder:
         k = self.shape(x)[-1]
         y = self.node("matmul", [x, self.weight((k, cout))])
         return self.add(y, self.weight((cout,), 0.1, "b")) if bias else y
+
+    def layer_norm(self, x, bias=True):
+        d = self.shape(x)[-1]
+        ins = [x, self.floats(np.ones(d))] + ([self.floats(np.zeros(d))] if bias else [])
+        return self.node("layer_normalization", ins, axis=-1)
+
+    def rms_norm(self, x):
+        return self.node("rms_normalization", [x, self.floats(np.ones(self.shape(x)[-1]))], axis=-1)
+
+    def group_norm(self, x, groups=32):
+        c = self.shape(x)[1]
+        return self.node("group_normalization", [x, self.floats(np.ones(c)), self.floats(np.zeros(c))],
+                         num_groups=groups, epsilon=1e-5)
 
     def reshape(self, x, shape):
         return self.node("reshape", [x, self.ints(shape)])

@@ -1,0 +1,194 @@
+"""Transformer encoders and decoders as AI Hub exports them (random weights): BERT-base, ViT-B/16,
+CLIP ViT-B/16 (image and text towers), Whisper encoders (which also compute every decoder
+layer's cross-attention K/V, as AI Hub's HfWhisperEncoder does) and one Whisper decoder step
+over a 200-token self-attention cache, and SD 1.5's text encoder (CLIP ViT-L/14 text tower).
+
+Layouts: activations are (1, T, d); heads are split as (1, H, T, hd) by reshape + transpose,
+keys are used as (1, H, hd, S) (the transpose folded into the key's reshape), so attention is
+two matrix products of activations, a scale, an optional mask add and a softmax. Linear layers
+are matmul + bias add (the matrix unit's output stage adds the bias).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .builder import Builder
+
+
+def heads(b: Builder, y, h: int):
+    """(1, T, h*hd) -> (1, h, T, hd)."""
+    _, t, d = b.shape(y)
+    return b.transpose(b.reshape(y, [1, t, h, d // h]), [0, 2, 1, 3])
+
+
+def keys(b: Builder, y, h: int):
+    """(1, S, h*hd) -> (1, h, hd, S): keys laid out for Q K^T."""
+    _, s, d = b.shape(y)
+    return b.transpose(b.reshape(y, [1, s, h, d // h]), [0, 2, 3, 1])
+
+
+def merge(b: Builder, o):
+    """(1, h, T, hd) -> (1, T, h*hd)."""
+    _, h, t, hd = b.shape(o)
+    return b.reshape(b.transpose(o, [0, 2, 1, 3]), [1, t, h * hd])
+
+
+def attend(b: Builder, q, k, v, mask=None):
+    """softmax(q k / sqrt(hd) + mask) v for q (1, H, T, hd), k (1, H, hd, S), v (1, H, S, hd)."""
+    hd = b.shape(q)[-1]
+    s = b.node("matmul", [b.mul(q, b.floats(hd ** -0.5)), k])
+    if mask is not None:
+        s = b.add(s, mask)
+    return b.node("matmul", [b.node("softmax", [s], axis=-1), v])
+
+
+def self_attention(b: Builder, x, h: int, mask=None, kv_bias=True):
+    d = b.shape(x)[-1]
+    q, k, v = heads(b, b.linear(x, d), h), keys(b, b.linear(x, d, bias=kv_bias), h), heads(b, b.linear(x, d), h)
+    return b.linear(merge(b, attend(b, q, k, v, mask)), d)
+
+
+def mlp(b: Builder, x, hidden: int, act="gelu"):
+    d = b.shape(x)[-1]
+    y = b.linear(x, hidden)
+    if act == "quick_gelu":  # CLIP's x * sigmoid(1.702 x)
+        y = b.mul(y, b.node("sigmoid", [b.mul(y, b.floats(1.702))]))
+    else:
+        y = b.node(act, [y])
+    return b.linear(y, d)
+
+
+def encoder_layer(b: Builder, x, h: int, hidden: int, mask=None, pre_norm=True, act="gelu"):
+    if pre_norm:
+        x = b.add(x, self_attention(b, b.layer_norm(x), h, mask))
+        return b.add(x, mlp(b, b.layer_norm(x), hidden, act))
+    x = b.layer_norm(b.add(x, self_attention(b, x, h, mask)))
+    return b.layer_norm(b.add(x, mlp(b, x, hidden, act)))
+
+
+def embed(b: Builder, ids, vocab: int, d: int):
+    return b.node("gather", [b.weight((vocab, d), 0.02, "emb"), ids], axis=0)
+
+
+# ---------------------------------------------------------------- models
+
+def bert(layers=12, d=768, h=12, hidden=3072, seq=384, vocab=30522, name="bert_base"):
+    """BERT-base as AI Hub's bert_base_uncased_hf: input ids and a padding mask of 384 tokens,
+    post-norm layers, the last hidden state out."""
+    b = Builder(name)
+    ids = b.input("input_ids", (1, seq), "i32")
+    mask = b.input("attention_mask", (1, 1, 1, seq))  # 0 / -inf per key, as the host makes it
+    x = b.add(b.add(embed(b, ids, vocab, d), b.weight((seq, d), 0.02, "pos")), b.weight((d,), 0.02, "type"))
+    x = b.layer_norm(x)
+    for _ in range(layers):
+        x = encoder_layer(b, x, h, hidden, mask, pre_norm=False)
+    return b.output(x)
+
+
+def _vit_tower(b: Builder, image, patch=16, d=768, h=12, layers=12, hidden=3072, act="gelu", pre_ln=False):
+    x = b.conv(image, d, patch, s=patch, p=0)                       # (1, d, 14, 14)
+    n = b.shape(x)[2] * b.shape(x)[3]
+    x = b.transpose(b.reshape(x, [1, d, n]), [0, 2, 1])             # (1, 196, d)
+    x = b.concat([b.weight((1, 1, d), 0.02, "cls"), x], axis=1)
+    x = b.add(x, b.weight((n + 1, d), 0.02, "pos"))
+    if pre_ln:
+        x = b.layer_norm(x)
+    for _ in range(layers):
+        x = encoder_layer(b, x, h, hidden, act=act)
+    return b.layer_norm(x)
+
+
+def vit(name="vit"):
+    """ViT-B/16 at 224x224 with its 1000-class head (AI Hub's vit: torchvision vit_b_16)."""
+    b = Builder(name)
+    x = _vit_tower(b, b.input("image", (1, 3, 224, 224)))
+    cls = b.node("gather", [x, b.ints(0)], axis=1)                  # (1, d): the class token
+    return b.output(b.linear(cls, 1000))
+
+
+def _clip_text(b: Builder, ids, d, h, layers, seq=77, vocab=49408, act="quick_gelu"):
+    causal = b.floats(np.triu(np.full((seq, seq), -1e4, np.float32), 1)[None, None])
+    x = b.add(embed(b, ids, vocab, d), b.weight((seq, d), 0.02, "pos"))
+    for _ in range(layers):
+        x = encoder_layer(b, x, h, 4 * d, causal, act=act)
+    return b.layer_norm(x)
+
+
+def clip(name="openai_clip"):
+    """CLIP ViT-B/16 (AI Hub's openai_clip: both towers in one graph, 150M parameters): a
+    224x224 image and 77 text tokens in, the two projected, normalized embeddings and their
+    similarity out."""
+    b = Builder(name)
+    img = _vit_tower(b, b.input("image", (1, 3, 224, 224)), act="quick_gelu", pre_ln=True)
+    img = b.linear(b.node("gather", [img, b.ints(0)], axis=1), 512, bias=False)
+    txt = _clip_text(b, b.input("text", (1, 77), "i32"), 512, 8, 12)
+    txt = b.linear(b.node("gather", [txt, b.ints(76)], axis=1), 512, bias=False)  # the EOT token
+
+    def unit(v):
+        return b.node("div", [v, b.node("reduce_l2", [v, b.ints([-1])], keepdims=1)])
+    logits = b.node("matmul", [unit(img), b.transpose(unit(txt), [1, 0])])
+    return b.output(b.mul(logits, b.floats(100.0)))
+
+
+def sd_text_encoder(name="sd15_text_encoder"):
+    """Stable Diffusion 1.5's text encoder: CLIP ViT-L/14's text tower, 77 tokens, 12 layers
+    of width 768, its last hidden state out (1, 77, 768)."""
+    b = Builder(name)
+    return b.output(_clip_text(b, b.input("tokens", (1, 77), "i32"), 768, 12, 12))
+
+
+WHISPER = {"tiny": dict(d=384, h=6, layers=4), "base": dict(d=512, h=8, layers=6),
+           "small": dict(d=768, h=12, layers=12)}
+
+
+def whisper_encoder(size="tiny", cross_kv=True, name=None):
+    """Whisper's encoder over 30 s of audio (80 x 3000 log-mel frames -> 1500 positions); with
+    `cross_kv` it also projects the output to every decoder layer's cross-attention keys
+    (1, H, hd, 1500) and values (1, H, 1500, hd), which is what AI Hub's encoder returns."""
+    cfg = WHISPER[size]
+    d, h, layers = cfg["d"], cfg["h"], cfg["layers"]
+    b = Builder(name or f"whisper_{size}_encoder")
+    x = b.input("mel", (1, 80, 3000))
+    x = b.node("gelu", [b.conv(x, d, 3)])
+    x = b.node("gelu", [b.conv(x, d, 3, s=2)])
+    x = b.add(b.transpose(x, [0, 2, 1]), b.weight((1500, d), 0.02, "pos"))   # (1, 1500, d)
+    for _ in range(layers):
+        x = encoder_layer(b, x, h, 4 * d)
+    x = b.layer_norm(x)
+    if not cross_kv:
+        return b.output(x)
+    outs = []
+    for _ in range(layers):  # the decoder has as many layers as the encoder
+        outs += [keys(b, b.linear(x, d, bias=False), h), heads(b, b.linear(x, d), h)]
+    return b.output(*outs)
+
+
+def whisper_decoder(size="tiny", cache=200, vocab=51865, name=None):
+    """One Whisper decoder step as AI Hub exports it: one token, a self-attention cache of
+    cache-1 past positions (keys (1, H, hd, S), values (1, H, S, hd)) plus the new one, masked
+    to the positions filled; cross-attention over the encoder's 1500 precomputed keys/values;
+    logits over the vocabulary and the new self-attention key/value out."""
+    cfg = WHISPER[size]
+    d, h, layers = cfg["d"], cfg["h"], cfg["layers"]
+    hd = d // h
+    b = Builder(name or f"whisper_{size}_decoder")
+    ids = b.input("input_ids", (1, 1), "i32")
+    mask = b.input("attention_mask", (1, 1, 1, cache))
+    pos = b.input("position", (1, 1, d))      # the positional embedding row of this step
+    x = b.add(embed(b, ids, vocab, d), pos)
+    outs = []
+    for i in range(layers):
+        pk = b.input(f"k_cache_self_{i}", (1, h, hd, cache - 1))
+        pv = b.input(f"v_cache_self_{i}", (1, h, cache - 1, hd))
+        ck = b.input(f"k_cache_cross_{i}", (1, h, hd, 1500))
+        cv = b.input(f"v_cache_cross_{i}", (1, h, 1500, hd))
+        y = b.layer_norm(x)
+        q, k, v = heads(b, b.linear(y, d), h), keys(b, b.linear(y, d, bias=False), h), heads(b, b.linear(y, d), h)
+        outs += [k, v]
+        att = attend(b, q, b.concat([pk, k], axis=3), b.concat([pv, v], axis=2), mask)
+        x = b.add(x, b.linear(merge(b, att), d))
+        q = heads(b, b.linear(b.layer_norm(x), d), h)
+        x = b.add(x, b.linear(merge(b, attend(b, q, ck, cv)), d))
+        x = b.add(x, mlp(b, b.layer_norm(x), 4 * d))
+    logits = b.node("matmul", [b.layer_norm(x), b.weight((d, vocab), 0.02, "emb_t")])
+    return b.output(logits, *outs)
