@@ -6,7 +6,9 @@ leaves a half-written model behind.
 from __future__ import annotations
 
 import io
+import math
 import os
+import tokenize
 import zipfile
 from pathlib import Path
 
@@ -55,16 +57,63 @@ def load_npuir(path: str | os.PathLike):
     except (UnicodeDecodeError, IsADirectoryError) as e:
         raise ModelError(f"{path}: not an .npuir text file ({e.__class__.__name__})") from None
     weights = None
-    wname = weights_file_of(text)
+    try:
+        wname = weights_file_of(text)
+    except ValueError as e:  # a bad escape inside weights="..."
+        raise ModelError(f"{path}: its weights=\"...\" is not a valid string ({e})") from None
     if wname:
-        wpath = path.parent / wname
-        try:
-            with np.load(wpath, allow_pickle=False) as z:
-                weights = {k: z[k] for k in z.files}
-        except FileNotFoundError:
-            raise ModelError(f"{path}: its weights file {wpath} is missing") from None
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
-            raise ModelError(f"{wpath}: corrupt weights file ({e})") from None
+        # Only a file beside the text, as save() writes it: a model's text cannot make the
+        # loader read another folder's files (the external-data traversal of CVE-2022-25882).
+        if wname != Path(wname).name or wname in (".", "..") or "\0" in wname or "\\" in wname:
+            raise ModelError(f"{path}: weights file {wname!r} must be a plain file name in the model's folder")
+        weights = read_weights(path.parent / wname, path)
     g = parse(text, file=str(path), weights=weights)
     g.source = str(path)
     return g
+
+
+# A compressed member may inflate this many times its stored size (plus 64 KB); beyond, it
+# is a zip bomb. np.savez (what save() uses) stores members uncompressed.
+MAX_INFLATION = 100
+
+
+def read_weights(wpath: Path, model: Path) -> dict:
+    """The arrays of a weights .npz, each member's header checked before any array is
+    allocated: no pickled objects, no shape claiming more bytes than the member holds."""
+    try:
+        with zipfile.ZipFile(wpath) as zf:
+            out = {}
+            for info in zf.infolist():
+                key, arr = _member(zf, info, wpath)
+                if key in out:
+                    raise ModelError(f"{wpath}: member {info.filename!r} appears twice")
+                out[key] = arr
+            return out
+    except FileNotFoundError:
+        raise ModelError(f"{model}: its weights file {wpath} is missing") from None
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError,
+            SyntaxError, tokenize.TokenError) as e:  # (numpy parses an .npy header as a Python literal)
+        raise ModelError(f"{wpath}: corrupt weights file ({type(e).__name__}: {e})") from None
+
+
+def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, wpath: Path):
+    if not info.filename.endswith(".npy"):
+        raise ModelError(f"{wpath}: member {info.filename!r} is not an .npy array")
+    if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_INFLATION * info.compress_size + (64 << 10):
+        raise ModelError(f"{wpath}: member {info.filename!r} inflates from {info.compress_size} to "
+                         f"{info.file_size} bytes; refusing it (over {MAX_INFLATION}x)")
+    fmt = np.lib.format
+    with zf.open(info) as f:
+        version = fmt.read_magic(f)
+        read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+        if dtype.hasobject:
+            raise ModelError(f"{wpath}: member {info.filename!r} holds Python objects ({dtype}); "
+                             f"npurun never unpickles")
+        need = math.prod(shape) * dtype.itemsize
+        if need > info.file_size:
+            raise ModelError(f"{wpath}: member {info.filename!r} claims shape {list(shape)} of {dtype} "
+                             f"({need} bytes) but holds {info.file_size} bytes")
+    with zf.open(info) as f:
+        return info.filename[:-len(".npy")], fmt.read_array(f, allow_pickle=False)
+

@@ -37,6 +37,9 @@ from .shapes import is_valid_dim
 
 VERSION = 1
 INLINE_LIMIT = 16
+# Lists in a literal and region blocks nest at most this deep: the parser recurses on both,
+# and a text nested 100,000 deep must be a ParseError, not a RecursionError.
+MAX_NESTING = 100
 _BARE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
 
 # ------------------------------------------------------------------ printing
@@ -160,6 +163,9 @@ def _tokenize(text: str, file: str) -> list[_Tok]:
             tok = _Tok(kind, s, line, col)
             if kind == "punct" and s in "([{":
                 opened.append(tok)
+                if len(opened) > MAX_NESTING + 2:  # (a region's op line opens '(' and '[' too)
+                    raise ParseError(f"nested deeper than {MAX_NESTING} levels (lists or regions)",
+                                     file=file, line=line, col=col)
             elif kind == "punct" and s in ")]}" and opened:
                 opened.pop()
             toks.append(tok)
@@ -184,6 +190,12 @@ class _Parser:
         self.where: dict[str, _Tok] = {}  # first mention of each value, for error positions
         self.weights_file: str | None = None
         self.path: tuple = ()  # the regions being parsed, for weights-file keys
+        self.depth = 0  # lists and regions open around the current token
+
+    def nest(self, tok: _Tok):
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            self.error(f"nested deeper than {MAX_NESTING} levels (lists or regions)", tok)
 
     # --- token helpers
     def peek(self) -> _Tok:
@@ -249,6 +261,7 @@ class _Parser:
     def p_region(self, key: str, node_index: int) -> Graph:
         """A region block: a graph of its own whose inputs and outputs are exactly the declared
         ones; any other value it reads comes from the graphs around it."""
+        self.nest(self.peek())
         saved = (self.g, self.declared_inputs, self.declared_outputs, self.where, self.path)
         self.g = Graph(name=key, source=self.file)
         self.declared_inputs, self.declared_outputs, self.where = [], [], {}
@@ -258,6 +271,7 @@ class _Parser:
         region = self.g
         region.inputs, region.outputs = self.declared_inputs, self.declared_outputs
         self.g, self.declared_inputs, self.declared_outputs, self.where, self.path = saved
+        self.depth -= 1
         return region
 
     def p_version(self, kw):
@@ -381,12 +395,14 @@ class _Parser:
 
     def literal(self, t: _Tok):
         if t.text == "[":
+            self.nest(t)
             items = []
             while not self.accept("]"):
                 items.append(self.literal(self.next()))
                 if not self.accept(","):
                     self.expect("]")
                     break
+            self.depth -= 1
             return items
         if t.kind == "num":
             return float(t.text) if any(c in t.text for c in ".eE") else int(t.text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import VerifyError
 from .dtypes import DTYPES
 from .graph import MEMORY_SPACES, Graph
-from .ops import OPS, REQUIRED, infer_node
+from .ops import OPS, REQUIRED, infer_node, operand_problem
 from .shapes import UNKNOWN, format_shape, is_valid_dim
 
 
@@ -47,10 +47,9 @@ def verify(g: Graph, *, where: str = "", outer: frozenset = frozenset(), scope: 
         d = OPS.get(n.op)
         if d is None:
             fail(f"{n.label()}: unknown op {n.op!r}")
-        lo, hi = d.min_inputs, (None if d.variadic else len(d.inputs))
-        if len(n.inputs) < lo or (hi is not None and len(n.inputs) > hi):
-            takes = str(lo) if hi == lo else f"{lo} to {'any number' if hi is None else hi}"
-            fail(f"{n.label()}: has {len(n.inputs)} inputs, {n.op} takes {takes} ({', '.join(d.inputs)})")
+        bad = operand_problem(n, d)
+        if bad:
+            fail(f"{n.label()}: {bad}")
         for k, v in d.attrs.items():
             if v is REQUIRED and k not in n.attrs:
                 fail(f"{n.label()}: missing required attribute {k!r}")
@@ -65,11 +64,7 @@ def verify(g: Graph, *, where: str = "", outer: frozenset = frozenset(), scope: 
                    scope=(scope + " > " if scope else "") + f"{n.label()} {rname}")
         for i, nm in enumerate(n.inputs):
             if not nm:
-                # A required role may follow optional ones (com.microsoft ops have such).
-                role = d.inputs[min(i, len(d.inputs) - 1)] if d.inputs else ""
-                if i < len(d.inputs) and not role.endswith(("?", "*")):
-                    fail(f"{n.label()}: required operand {i} ({role}) is absent")
-                continue
+                continue  # absent: operand_problem said whether it may be
             if nm not in g.values:
                 fail(f"{n.label()}: operand {i} {nm!r} is not a declared value")
             if nm not in defined:

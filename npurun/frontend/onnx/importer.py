@@ -18,6 +18,7 @@ from onnx import numpy_helper
 
 from ...errors import ModelError, VerifyError
 from ...ir.graph import Graph, Value
+from ...ir.ops.shape import MAX_RANK
 from ...ir.shapes import SYMBOL, UNKNOWN
 from ...ir.verify import verify
 from .context import ConvertError, Ctx
@@ -59,7 +60,10 @@ def _check_tensors(model: onnx.ModelProto, path) -> None:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             continue
         if t.HasField("raw_data") and t.data_type != onnx.TensorProto.STRING:
-            need = _raw_bytes(t.data_type, n)
+            try:
+                need = _raw_bytes(t.data_type, n)
+            except ModelError as e:
+                raise ModelError(f"{path}: initializer {t.name!r}: {e}") from None
             if len(t.raw_data) != need:
                 raise ModelError(f"{path}: initializer {t.name!r} claims shape {list(t.dims)} "
                                  f"({need} bytes) but holds {len(t.raw_data)} bytes")
@@ -76,7 +80,10 @@ def _raw_bytes(data_type: int, n: int) -> int:
     per = _PACKED.get(data_type)
     if per:
         return -(-n // per)
-    return n * onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
+    try:
+        return n * onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
+    except KeyError:
+        raise ModelError(f"element type {data_type} is not an ONNX tensor type") from None
 
 
 def _opsets(model: onnx.ModelProto) -> dict[str, int]:
@@ -116,6 +123,8 @@ def _value_type(vi, where: str, syms: dict, top: bool = True) -> tuple | None:
         if top and kind == "tensor":
             raise ModelError(f"{where}: input {vi.name!r} has no declared rank")
         return None, dtype, kind  # a subgraph's input of unknown rank
+    if len(tt.shape.dim) > MAX_RANK:
+        raise ModelError(f"{where}: input {vi.name!r} has rank {len(tt.shape.dim)}; at most {MAX_RANK} dims are supported")
     shape = []
     for d in tt.shape.dim:
         if d.HasField("dim_value") and d.dim_value >= 0:  # exporters write -1 for "dynamic"
@@ -162,18 +171,83 @@ def _topological(nodes, available: set, where: str):
     return order
 
 
-def _attrs(node) -> dict:
+def _attrs(node, where: str) -> dict:
     out = {}
     for a in node.attribute:
         v = onnx.helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, onnx.TensorProto):
-            v = numpy_helper.to_array(v)
-        elif isinstance(v, list):
-            v = [x.decode() if isinstance(x, bytes) else x for x in v]
+        try:
+            if isinstance(v, bytes):
+                v = v.decode()
+            elif isinstance(v, onnx.TensorProto):
+                v = numpy_helper.to_array(v)
+            elif isinstance(v, list):
+                v = [x.decode() if isinstance(x, bytes) else x for x in v]
+        except UnicodeDecodeError:
+            raise ModelError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}): attribute "
+                             f"{a.name!r} holds a string that is not UTF-8") from None
         out[a.name] = v
     return out
+
+
+def _check_names(g, where: str) -> None:
+    """Every name (graph, node, op, domain, value) must be text. protobuf hands a string field
+    holding invalid UTF-8 back as bytes, which no later step expects."""
+    def bad(field, x):
+        raise ModelError(f"{where}: {field} {x!r} is not valid UTF-8")
+    if isinstance(g.name, bytes):
+        bad("graph name", g.name)
+    for coll in (g.input, g.output, g.value_info, g.initializer):
+        for v in coll:
+            if isinstance(v.name, bytes):
+                bad("value name", v.name)
+    for n in g.node:
+        for field in ("name", "op_type", "domain"):
+            if isinstance(getattr(n, field), bytes):
+                bad(f"node {field}", getattr(n, field))
+        for x in list(n.input) + list(n.output):
+            if isinstance(x, bytes):
+                bad(f"node {n.name or n.op_type!r}: operand name", x)
+        for a in n.attribute:
+            if isinstance(a.name, bytes):
+                bad(f"node {n.name or n.op_type!r}: attribute name", a.name)
+        for sub in _subgraphs(n):
+            _check_names(sub, where)
+
+
+def _schema_attr_types(op: str, domain: str, opset: int) -> tuple[dict, list]:
+    """({attribute name: the AttributeProto type ONNX's schema declares}, [required names]);
+    ({}, []) when the op has no schema here (a custom domain)."""
+    key = (op, domain, opset)
+    if key not in _ATTR_TYPES:
+        try:
+            s = onnx.defs.get_schema(op, opset, domain)
+            _ATTR_TYPES[key] = ({k: int(a.type) for k, a in s.attributes.items()},
+                                sorted(k for k, a in s.attributes.items() if a.required))
+        except onnx.defs.SchemaError:
+            _ATTR_TYPES[key] = ({}, [])
+    return _ATTR_TYPES[key]
+
+
+_ATTR_TYPES: dict = {}
+
+
+def _check_attr_types(node, domain: str, opset: int, where: str) -> None:
+    """Refuse an attribute of another type than ONNX declares (`pads` given as one INT instead
+    of INTS): the converters and shape rules may then rely on the declared form."""
+    want, required = _schema_attr_types(node.op_type, domain, opset)
+    missing = [k for k in required if k not in {a.name for a in node.attribute}]
+    if missing:
+        raise ModelError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}): missing required "
+                         f"attribute(s) {', '.join(map(repr, missing))}")
+    for a in node.attribute:
+        t = want.get(a.name)
+        if want and t is None:  # as ONNX Runtime refuses it: no converter reads what opset lacks
+            raise ModelError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}): attribute {a.name!r} "
+                             f"is not one of {node.op_type}-{opset}'s ({', '.join(sorted(want)) or 'none'})")
+        if t is not None and a.type != t:
+            got = onnx.AttributeProto.AttributeType.Name(a.type) if a.type in onnx.AttributeProto.AttributeType.values() else a.type
+            raise ModelError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}): attribute {a.name!r} "
+                             f"is {got}, ONNX declares {onnx.AttributeProto.AttributeType.Name(t)}")
 
 
 def _report_unsupported(where: str, problems: dict) -> None:
@@ -260,9 +334,10 @@ class _Importer:
                     # Small constants are copied in, so folding sees through the region's edge.
                     small = v.is_const and v.data.size <= SMALL_CONST
                     g.add_value(Value(v.name, v.shape, v.dtype, v.space, v.data if small else None, v.kind))
-            ctx.node, ctx.attrs = n, _attrs(n)
             fn, domain = self.converter_of(n)
             ctx.opset = self.opsets.get(domain, 1)
+            _check_attr_types(n, domain, ctx.opset, where)
+            ctx.node, ctx.attrs = n, _attrs(n, where)
             try:
                 fn(ctx)
             except ConvertError as e:
@@ -272,6 +347,11 @@ class _Importer:
             except KeyError as e:
                 raise ModelError(f"{where}: node {n.name or n.op_type!r} ({n.op_type}): missing "
                                  f"attribute or input {e}") from None
+            except (TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as e:
+                # A malformed node that a converter or shape rule did not foresee: named, like a
+                # kernel failure at run time (backends/base.py), never a bare traceback.
+                raise ModelError(f"{where}: node {n.name or n.op_type!r} ({n.op_type}) cannot be converted "
+                                 f"(internal error {type(e).__name__}: {e})") from e
         if problems:
             _report_unsupported(where, problems)
 
@@ -293,6 +373,10 @@ def import_model(model: onnx.ModelProto | str | os.PathLike, *, name: str | None
     if not isinstance(model, onnx.ModelProto):
         where = str(model)
         model = load_onnx(model)
+    _check_names(model.graph, where)
+    for o in model.opset_import:
+        if isinstance(o.domain, bytes):
+            raise ModelError(f"{where}: opset domain {o.domain!r} is not valid UTF-8")
     imp = _Importer(model, where)
     imp.check_supported(model.graph)
     return verify(imp.convert(model.graph, name or model.graph.name or "main"))

@@ -119,11 +119,31 @@ FLOAT_ONLY = frozenset({"conv", "matmul", "gemm", "softmax", "log_softmax", "tan
                         "erf", "batch_normalization", "layer_normalization"})
 
 
+def operand_problem(node, d: OpDef) -> str | None:
+    """What is wrong with a node's operand list for op `d` (too few, too many, a required one
+    absent), or None. The shape rules index their operands by role and rely on this."""
+    lo, hi = d.min_inputs, (None if d.variadic else len(d.inputs))
+    if len(node.inputs) < lo or (hi is not None and len(node.inputs) > hi):
+        takes = str(lo) if hi == lo else f"{lo} to {'any number' if hi is None else hi}"
+        return f"has {len(node.inputs)} inputs, {node.op} takes {takes} ({', '.join(d.inputs)})"
+    for i, nm in enumerate(node.inputs):
+        # A required role may follow optional ones (com.microsoft ops have such).
+        if not nm and i < len(d.inputs) and not d.inputs[i].endswith(("?", "*")):
+            return f"required operand {i} ({d.inputs[i]}) is absent"
+    return None
+
+
 def infer_node(node, values: dict) -> list[tuple]:
     """Inference for one node, given the graph's values by name: [(shape, dtype, kind)]."""
     d = OPS.get(node.op)
     if d is None:
         raise VerifyError(f"{node.label()}: unknown op {node.op!r}")
+    bad = operand_problem(node, d)
+    if bad:
+        _fail(node, bad)
+    for k, v in d.attrs.items():
+        if v is REQUIRED and k not in node.attrs:
+            _fail(node, f"missing required attribute {k!r}")
     ins = [values[i] if i else None for i in node.inputs]
     if not d.any_rank:
         for i, v in enumerate(ins):

@@ -20,6 +20,14 @@ def _spatial(node, a, x_shape, kernel):
     strides = a.get("strides") or [1] * nd
     dils = a.get("dilations") or [1] * nd
     pads = a.get("pads") or [0] * (2 * nd)
+    # Checked here, so that no rule below indexes past a list or divides by a zero stride.
+    if nd != len(x_shape) - 2:
+        _fail(node, f"kernel_shape {list(kernel)} has {nd} dims, the input has {len(x_shape) - 2} spatial dims")
+    for what, vals, n in (("strides", strides, nd), ("dilations", dils, nd), ("pads", pads, 2 * nd)):
+        if len(vals) != n or not all(isinstance(v, int) for v in vals):
+            _fail(node, f"{what} {list(vals)} must be {n} integers")
+    if min(strides, default=1) < 1 or min(dils, default=1) < 1 or any(isinstance(k, int) and k < 1 for k in kernel):
+        _fail(node, f"strides {list(strides)}, dilations {list(dils)} and kernel {list(kernel)} must be >= 1")
     out = []
     for i in range(nd):
         size = x_shape[2 + i]

@@ -13,7 +13,13 @@ def _length(v):
     return v.shape[0] if v.shape and len(v.shape) == 1 and isinstance(v.shape[0], int) else None
 
 
-def _ranked(n):
+MAX_RANK = 64  # NumPy's limit, so every backend's: a larger rank cannot run anywhere
+
+
+def _ranked(n, node):
+    """A shape of n unknown dims (None: rank unknown too)."""
+    if n is not None and n > MAX_RANK:
+        _fail(node, f"its result would have rank {n}; at most {MAX_RANK} dims are supported")
     return None if n is None else (UNKNOWN,) * n
 
 
@@ -21,7 +27,7 @@ def _ranked(n):
 def _reshape(node, a, ins):
     x, target = ins[0], _const_ints(ins[1], node, "shape")
     if target is None:
-        return [(_ranked(_length(ins[1])), x.dtype)]
+        return [(_ranked(_length(ins[1]), node), x.dtype)]
     if x.shape is not None and not a["allowzero"] and any(t == 0 and i >= len(x.shape) for i, t in enumerate(target)):
         _fail(node, f"shape {target} copies (0) a dim beyond x's rank {len(x.shape)}")
     out = [(x.shape[i] if x.shape is not None else UNKNOWN) if t == 0 and not a["allowzero"] else t
@@ -49,7 +55,7 @@ def _transpose(node, a, ins):
     if x.shape is None:  # the perm gives the rank
         if a["perm"] and sorted(a["perm"]) != list(range(len(a["perm"]))):
             _fail(node, f"perm {a['perm']} is not a permutation")
-        return [(_ranked(len(a["perm"])) if a["perm"] else None, x.dtype)]
+        return [(_ranked(len(a["perm"]), node) if a["perm"] else None, x.dtype)]
     perm = a["perm"] or list(reversed(range(len(x.shape))))
     if sorted(perm) != list(range(len(x.shape))):
         _fail(node, f"perm {perm} is not a permutation of rank {len(x.shape)}")
@@ -82,9 +88,13 @@ def _split(node, a, ins):
     x = ins[0]
     if x.shape is None:
         return [(None, x.dtype)] * len(node.outputs)
+    if not x.shape:
+        _fail(node, "cannot split a scalar")
     ax = _axis(a["axis"], len(x.shape), node)
     n = len(node.outputs)
     sizes = _const_ints(ins[1] if len(ins) > 1 else None, node, "split")
+    if sizes is not None and len(sizes) != n:
+        _fail(node, f"split {sizes} gives {len(sizes)} parts for {n} outputs")
     if sizes is None:
         d = x.shape[ax]
         sizes = [-(-d // n)] * (n - 1) + [d - -(-d // n) * (n - 1)] if isinstance(d, int) else [UNKNOWN] * n
@@ -113,7 +123,7 @@ def _squeeze(node, a, ins):
         return [(None, ins[0].dtype)]
     if given and axes is None:  # computed axes: the rank is known if their count is
         n = 1 if ins[1].shape == () else _length(ins[1])
-        return [(None if n is None else _ranked(len(s) - n), ins[0].dtype)]
+        return [(None if n is None else _ranked(len(s) - n, node), ins[0].dtype)]
     if axes is None:
         # Without axes every dim of 1 goes: an unknown dim ('?') may be one, so the rank is
         # unknown then; a named symbol is taken to be > 1 (a batch, a sequence length).
@@ -135,7 +145,7 @@ def _unsqueeze(node, a, ins):
     axes = _const_ints(ins[1], node, "axes")
     if axes is None:  # computed axes: the rank is known (if their count is), the dims are not
         n = 1 if ins[1].shape == () else _length(ins[1])
-        return [(None if n is None else (UNKNOWN,) * (len(s) + n), ins[0].dtype)]
+        return [(None if n is None else _ranked(len(s) + n, node), ins[0].dtype)]
     rank = len(s) + len(axes)
     for ax in sorted(_axis(i, rank, node) for i in axes):
         s.insert(ax, 1)
@@ -181,7 +191,7 @@ def _expand(node, a, ins):
     x = ins[0]
     if target is None or x.shape is None:  # the rank is the larger of x's and the shape's
         n = len(target) if target is not None else _length(ins[1])
-        return [(None if n is None or x.shape is None else _ranked(max(n, len(x.shape))), x.dtype)]
+        return [(None if n is None or x.shape is None else _ranked(max(n, len(x.shape)), node), x.dtype)]
     return [(broadcast(ins[0].shape, tuple(target)) or _fail(node, "shapes do not broadcast"), ins[0].dtype)]
 
 
@@ -269,7 +279,7 @@ def _resize(node, a, ins):
 def _cos(node, a, ins):
     target = _const_ints(ins[0], node, "shape")
     if target is None:
-        return [(_ranked(_length(ins[0])), a["dtype"])]
+        return [(_ranked(_length(ins[0]), node), a["dtype"])]
     return [(tuple(target), a["dtype"])]
 
 

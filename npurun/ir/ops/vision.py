@@ -8,6 +8,7 @@ import math
 from ..shapes import UNKNOWN, affine, dim_mul, numel
 from . import REQUIRED, _axis, _const_ints, _fail, _same, op
 from .nn import _CONV_ATTRS, _spatial
+from .shape import MAX_RANK
 
 
 def _operand(ins, i):
@@ -218,6 +219,8 @@ def _col2im(node, a, ins):
     block = _const_ints(ins[2], node, "block_shape")
     c = x.shape[1] // math.prod(block) if block and isinstance(x.shape[1], int) else UNKNOWN
     nd = len(image) if image else (ins[1].shape[0] if isinstance(ins[1].shape[0], int) else 0)
+    if nd > MAX_RANK:
+        _fail(node, f"image_shape has {nd} dims; at most {MAX_RANK} are supported")
     return [((x.shape[0], c, *(image or [UNKNOWN] * nd)), x.dtype)]
 
 
