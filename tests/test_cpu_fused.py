@@ -14,7 +14,7 @@ from npurun.backends.reference.kernels import KERNELS as REF
 from conftest import nonzero_normal
 
 pytestmark = pytest.mark.skipif(native.LIB is None, reason=f"compiled kernels unavailable: {native.REASON}")
-PROG = SimpleNamespace(threads=1, pool=None)
+PROG = SimpleNamespace(threads=1)
 
 
 @pytest.mark.parametrize("act,params", [("", []), ("relu", []), ("hard_swish", []), ("leaky_relu", [0.2]),

@@ -23,7 +23,7 @@ class _Graph:
 
 
 def _program(*consts):
-    return SimpleNamespace(graph=_Graph(consts), threads=1, pool=None)
+    return SimpleNamespace(graph=_Graph(consts), threads=1)
 
 
 def _ints(rng, shape, dt):

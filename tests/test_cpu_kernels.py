@@ -35,9 +35,7 @@ def test_banded_conv_matches_reference(case, act, threads, rng, monkeypatch):
     b = nonzero_normal(rng, (m,))
     monkeypatch.setattr(conv, "BAND_BYTES", 4096)  # force many bands, including a ragged last one
     act_attrs = {"alpha": 0.1} if act == "leaky_relu" else {}
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(threads) as pool:
-        got = conv.conv2d(x, w, b, _attrs(a), act, act_attrs, pool, threads)
+    got = conv.conv2d(x, w, b, _attrs(a), act, act_attrs)
     want = KERNELS["conv"](x, w, b, **_attrs(a))
     if act:
         want = KERNELS[act](want, **act_attrs)

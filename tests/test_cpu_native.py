@@ -2,7 +2,6 @@
 non-zero inputs: dense/grouped conv as the implicit GEMM (both ISAs this CPU runs), depthwise
 conv, the flat-pixel GEMM of conv_gemm.c, the activation kernel, and the epilogue fusions of
 whole programs. Winograd: tests/test_cpu_winograd.py."""
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -69,13 +68,11 @@ def check_conv(algo, x, w, b, attrs, want_pre, threads, isa, check=close, acts=A
     """nativeconv.conv2d with kernel `algo` forced, for each fused activation in `acts` (one
     weight cache across the calls: packed weights are reused), against the reference conv's
     result before the activation: `check(got, want_pre, act)`."""
-    with ThreadPoolExecutor(threads) as pool:
-        cache = {}
-        for act in acts:
-            got = nativeconv.conv2d(x, w, b, _attrs(attrs), act, ACT_ATTRS.get(act, {}), pool, threads, cache,
-                                    isa, algo)
-            assert got.dtype == np.float32 and got.shape == want_pre.shape
-            check(got, want_pre, act)
+    cache = {}
+    for act in acts:
+        got = nativeconv.conv2d(x, w, b, _attrs(attrs), act, ACT_ATTRS.get(act, {}), threads, cache, isa, algo)
+        assert got.dtype == np.float32 and got.shape == want_pre.shape
+        check(got, want_pre, act)
 
 
 @pytest.mark.parametrize("isa", native.conv_isas())
@@ -126,7 +123,7 @@ def test_flat_plan_is_rebuilt_for_other_attributes(rng):
     x, w = nonzero_normal(rng, (1, 8, 12, 12)), nonzero_normal(rng, (8, 8, 3, 3))
     cache = {}
     for a in ({"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [0, 0, 2, 2]}, {"pads": [1, 1, 1, 1]}):
-        got = nativeconv.conv2d(x, w, None, _attrs(a), "relu", {}, None, 1, cache, native.conv_isas()[0], "flat")
+        got = nativeconv.conv2d(x, w, None, _attrs(a), "relu", {}, 1, cache, native.conv_isas()[0], "flat")
         np.testing.assert_allclose(got, _ref_act(KERNELS["conv"](x, w, None, **_attrs(a)), "relu"), rtol=1e-4, atol=2e-5)
 
 
@@ -145,13 +142,13 @@ def test_native_conv_of_a_strided_view(rng):
     """Intermediate values can be views (transpose, slice): the kernel must not assume a layout."""
     base = nonzero_normal(rng, (1, 40, 1, 12)).transpose(0, 3, 2, 1)  # (1, 12, 1, 40), not contiguous
     w, a = nonzero_normal(rng, (5, 12, 1, 3)), _attrs({"pads": [0, 1, 0, 1]})
-    got = nativeconv.conv2d(base, w, None, a, None, {}, None, 1, {})
+    got = nativeconv.conv2d(base, w, None, a, None, {}, 1, {})
     np.testing.assert_allclose(got, KERNELS["conv"](base, w, None, **a), rtol=1e-4, atol=2e-5)
 
 
 def test_native_conv_without_bias(rng):
     x, w = nonzero_normal(rng, (1, 4, 10, 30)), nonzero_normal(rng, (3, 4, 3, 3))
-    got = nativeconv.conv2d(x, w, None, _attrs({"pads": [1, 1, 1, 1]}), None, {}, None, 1, {})
+    got = nativeconv.conv2d(x, w, None, _attrs({"pads": [1, 1, 1, 1]}), None, {}, 1, {})
     np.testing.assert_allclose(got, KERNELS["conv"](x, w, None, **_attrs({"pads": [1, 1, 1, 1]})), rtol=1e-4, atol=2e-5)
 
 
@@ -213,6 +210,6 @@ def test_wide_groups_run_as_dense_convs_and_match_reference(xs, ws, a, rng):
     cache = {}
     for act in (None, "relu"):
         for _ in range(2):  # the second run reuses the per-group packing
-            got = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, None, 1, cache)
+            got = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, 1, cache)
             close(got, KERNELS["conv"](x, w, b, **_attrs(a)), act)
     assert len(cache["groups"]) == a["group"]

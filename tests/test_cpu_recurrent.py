@@ -125,7 +125,7 @@ CONV1D = [  # (N, C, L), (M, K), attrs
 
 
 class _Prog:
-    threads, pool = 1, None
+    threads = 1
 
 
 @pytest.mark.parametrize("case", range(len(CONV1D)))

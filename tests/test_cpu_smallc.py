@@ -57,8 +57,8 @@ def test_the_rule_picks_it_and_matches_the_forced_direct_kernel(rng):
     w = nonzero_normal(rng, (64, 1, 5, 5))
     b = nonzero_normal(rng, (64,))
     a = _attrs({"pads": [2, 2, 2, 2]})
-    got = nativeconv.conv2d(x, w, b, a, "tanh", {}, None, 1, {})
-    direct = nativeconv.conv2d(x, w, b, a, "tanh", {}, None, 1, {}, None, "direct")
+    got = nativeconv.conv2d(x, w, b, a, "tanh", {}, 1, {})
+    direct = nativeconv.conv2d(x, w, b, a, "tanh", {}, 1, {}, None, "direct")
     np.testing.assert_allclose(got, direct, rtol=1e-5, atol=1e-5)
 
 
@@ -66,7 +66,7 @@ def test_forcing_it_on_a_strided_conv_is_an_error(rng):
     x = nonzero_normal(rng, (1, 1, 10, 10))
     w = nonzero_normal(rng, (8, 1, 3, 3))
     with pytest.raises(BackendError, match="smallc"):
-        nativeconv.conv2d(x, w, None, _attrs({"strides": [2, 2]}), None, {}, None, 1, {}, None, "smallc")
+        nativeconv.conv2d(x, w, None, _attrs({"strides": [2, 2]}), None, {}, 1, {}, None, "smallc")
 
 
 def test_an_espcn_like_program_on_two_threads_matches_reference(rng, monkeypatch):
@@ -84,7 +84,7 @@ def test_an_espcn_like_program_on_two_threads_matches_reference(rng, monkeypatch
     g.inputs = ["x"]
     calls = []
     real = nativeconv._smallc
-    monkeypatch.setattr(nativeconv, "_smallc", lambda *a: calls.append(a[9]) or real(*a))
+    monkeypatch.setattr(nativeconv, "_smallc", lambda *a: calls.append(a[8]) or real(*a))
     monkeypatch.setattr(nativeconv, "MIN_FLOPS_PER_BAND", 1)  # several bands on the pool
     monkeypatch.setattr(nativeconv, "FLAT_MAX_PIXELS", 0)  # images this small go to conv_gemm.c on AVX-512
     x = nonzero_normal(rng, (1, 1, 37, 150))

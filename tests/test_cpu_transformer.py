@@ -6,7 +6,6 @@ fresh random non-zero inputs: erf and GELU (with saturated and special values), 
 broadcast mask and the NaN-row fix, the packed-weight sgemm with bias/residual epilogues
 on every ISA the CPU runs, banded BLAS matmuls, a small encoder graph whose every pattern
 fuses, and MiniLM-int8 through the fused program against ONNX Runtime."""
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,12 +23,11 @@ from conftest import nonzero_normal
 
 pytestmark = pytest.mark.skipif(T.LIB is None, reason=f"compiled kernels unavailable: {native.REASON}")
 
-POOL = ThreadPoolExecutor(2)
 
 
 def prog(threads):
-    """What a kernel factory gets from the CpuProgram: its thread count and pool."""
-    return SimpleNamespace(threads=threads, pool=POOL if threads > 1 else None)
+    """What a kernel factory gets from the CpuProgram: its thread count."""
+    return SimpleNamespace(threads=threads)
 
 
 def compile_fused(g, threads=1):

@@ -48,7 +48,7 @@ def test_gemm_conv_matches_reference(case, bias, rng):
     want = KERNELS["conv"](x, w, b, **attrs)
     cache = {}
     for act in ACTS:  # one cache: the [W | bias] matrix is built once
-        got = nativeconv.conv2d(x, w, b, attrs, act, ACT_ATTRS.get(act, {}), None, 1, cache, algo="gemm")
+        got = nativeconv.conv2d(x, w, b, attrs, act, ACT_ATTRS.get(act, {}), 1, cache, algo="gemm")
         np.testing.assert_allclose(got, _ref(want, act), rtol=1e-4, atol=3e-5, err_msg=f"act={act}")
     assert "gemm" in cache
 

@@ -61,7 +61,7 @@ def test_winograd_error_is_small_relative_to_the_output(rng):
     w, b = nonzero_normal(rng, (32, 64, 3, 3)) * 0.05, nonzero_normal(rng, (32,))
     a = _attrs({"pads": [1, 1, 1, 1]})
     want = KERNELS["conv"](x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), **a)
-    got = nativeconv.conv2d(x, w, b, a, None, {}, None, 1, {}, None, "winograd")
+    got = nativeconv.conv2d(x, w, b, a, None, {}, 1, {}, None, "winograd")
     assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
 
 
@@ -90,7 +90,7 @@ def test_padded_tiles_follow_the_kernel_blocks():
 def test_forcing_winograd_on_another_shape_is_an_error(rng):
     x, w = nonzero_normal(rng, (1, 16, 9, 9)), nonzero_normal(rng, (8, 16, 3, 3))
     with pytest.raises(BackendError, match="3x3 stride-1 dilation-1 dense conv, got weights .* strides"):
-        nativeconv.conv2d(x, w, None, _attrs({"strides": [2, 2]}), None, {}, None, 1, {}, None, "winograd")
+        nativeconv.conv2d(x, w, None, _attrs({"strides": [2, 2]}), None, {}, 1, {}, None, "winograd")
 
 
 def test_a_program_takes_winograd_where_the_rule_says_and_matches_reference(rng, monkeypatch):

@@ -2,7 +2,8 @@
 
 Convolutions run the compiled implicit-GEMM / depthwise kernels of `csrc/` (see
 `nativeconv.py`; `native.py` loads them) with the bias and a following activation fused
-into their epilogue, bands of output rows spread over the Executor's `parallelism` threads.
+into their epilogue, bands of output rows spread over the Executor's `parallelism` threads of
+the library's one thread pool (csrc/par.c; there is no Python thread pool).
 Where the compiled kernels are not built or cannot run on this CPU, dense convolutions take
 the NumPy banded im2col kernel of `conv.py` and the reason shows in `npurun info`.
 Activations on float32 run the compiled elementwise kernel; every other op runs its
@@ -12,7 +13,6 @@ checked against the reference kernel in tests/test_cpu_*.py.
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -35,7 +35,6 @@ class CpuProgram(Program):
 
     def __init__(self, graph, backend: "CpuBackend"):
         self.threads = backend.parallelism
-        self.pool = backend.pool
         self._backend = backend
         kernels = dict(KERNELS)
         kernels["conv"] = self._conv
@@ -72,10 +71,9 @@ class CpuProgram(Program):
     def _conv(self, x, w, b=None, *, activation="", activation_params=(), _cache=None, **attrs):
         act, act_attrs = native_activation(activation, activation_params)
         if nativeconv.applies(x, w, attrs) and act is not False:
-            return nativeconv.conv2d(x, w, b, attrs, act, act_attrs, self.pool, self.threads,
-                                     {} if _cache is None else _cache)
+            return nativeconv.conv2d(x, w, b, attrs, act, act_attrs, self.threads, {} if _cache is None else _cache)
         if act is not False and conv.fast_conv_applies(x, w, attrs) and (act is None or act in conv.EPILOGUES):
-            return conv.conv2d(x, w, b, attrs, act, act_attrs, self.pool, self.threads)
+            return conv.conv2d(x, w, b, attrs, act, act_attrs)
         return KERNELS["conv"](x, w, b, activation=activation, activation_params=activation_params, **attrs)
 
     def _activation(self, name):
@@ -172,11 +170,6 @@ class CpuBackend(Backend):
     name = "cpu"
     rules = (has_cpu_kernel, conv_is_2d, conv_is_dense, is_float32)
     fallback = "reference"
-
-    def __init__(self, target=None, parallelism=1):
-        super().__init__(target, parallelism)
-        self.pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="npurun-cpu") \
-            if parallelism > 1 else None
 
     def compile(self, graph):
         return CpuProgram(graph, self)

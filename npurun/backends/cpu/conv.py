@@ -1,5 +1,6 @@
-"""Convolution for the cpu backend, band by band over output rows, with the bias and an
-activation applied in the same pass (the epilogue), bands spread over the compute threads.
+"""Convolution for the cpu backend where its compiled kernels are not built (or cannot run on
+this CPU): band by band over output rows, with the bias and an activation applied in the
+same pass (the epilogue).
 Two algorithms, chosen per shape by what each copies per output pixel:
 
 - **im2col** (kh*kw*C floats copied per pixel; best when C is small, e.g. ESPCN's first layer):
@@ -11,17 +12,14 @@ Two algorithms, chosen per shape by what each copies per output pixel:
   copy: acc (M, rows*Wp) += W[:, :, ky, kx] (M, C) @ xflat[:, off:off+rows*Wp]. The Wp-Wo
   columns that wrap around a row end are computed and dropped.
 
-Bands keep buffers to a few MB; NumPy releases the GIL in copies, GEMMs and ufuncs, so bands
-run in parallel. BLAS itself is held to one thread meanwhile, so cores are not oversubscribed.
-Grouped/depthwise convolutions, and anything not 2-D, take the reference kernel.
+Bands keep buffers to a few MB and run one after another; the GEMMs run on BLAS's own
+threads (the program holds BLAS at its thread count): without the compiled library there is
+no thread pool of npurun's own. Grouped/depthwise convolutions, and anything not 2-D, take the
+reference kernel.
 """
 from __future__ import annotations
 
-import math
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from ..reference.kernels.nn import _window_pads
 
@@ -40,7 +38,7 @@ def fast_conv_applies(x, w, attrs) -> bool:
     return (x.ndim == 4 and attrs["group"] == 1 and x.dtype == np.float32 and w.dtype == np.float32)
 
 
-def conv2d(x, w, b, attrs, act=None, act_attrs=None, pool: ThreadPoolExecutor | None = None, threads: int = 1):
+def conv2d(x, w, b, attrs, act=None, act_attrs=None):
     n, c, h, wd = x.shape
     m, _, kh, kw = w.shape
     begin, end, out, strides, dil = _window_pads(x.shape, [kh, kw], attrs["strides"], attrs["dilations"],
@@ -50,8 +48,7 @@ def conv2d(x, w, b, attrs, act=None, act_attrs=None, pool: ThreadPoolExecutor | 
     pointwise = kh == kw == 1 and strides == [1, 1] and not any(begin + end)
     taps = not pointwise and strides == [1, 1] and m < c
     # One extra zero row at the bottom keeps the last band's wrapped tap slices in bounds.
-    xp = _pad(x, begin, [end[0] + (1 if taps else 0), end[1]], pool, threads) \
-        if any(begin + end) or taps else x
+    xp = _pad(x, begin, [end[0] + (1 if taps else 0), end[1]]) if any(begin + end) or taps else x
     hp, wp = xp.shape[2:]
     k = c * kh * kw
     wmat = np.ascontiguousarray(w.reshape(m, k))
@@ -60,8 +57,6 @@ def conv2d(x, w, b, attrs, act=None, act_attrs=None, pool: ThreadPoolExecutor | 
     y = np.empty((n, m, ho, wo), np.float32)
     per_row = (m * 2 * wp) if taps else (k * wo)
     rows = max(1, min(ho, BAND_BYTES // (per_row * 4)))
-    if threads > 1:  # enough bands for every thread
-        rows = max(1, min(rows, math.ceil(ho / (2 * threads))))
 
     def band(job):
         i, r0 = job
@@ -101,28 +96,15 @@ def conv2d(x, w, b, attrs, act=None, act_attrs=None, pool: ThreadPoolExecutor | 
         if act is not None:
             EPILOGUES[act](yb, act_attrs)
 
-    jobs = [(i, r0) for i in range(n) for r0 in range(0, ho, rows)]
-    _run(band, jobs, pool, threads)
+    for i in range(n):
+        for r0 in range(0, ho, rows):
+            band((i, r0))
     return y
 
 
-def _run(fn, jobs, pool, threads):
-    with threadpool_limits(limits=1, user_api="blas"):
-        if pool is None or threads == 1:
-            for j in jobs:
-                fn(j)
-        else:
-            list(pool.map(fn, jobs))
-
-
-def _pad(x, begin, end, pool, threads):
-    """Zero-pad the two spatial axes, copying channel slices in parallel (np.pad is serial)."""
+def _pad(x, begin, end):
+    """Zero-pad the two spatial axes."""
     n, c, h, w = x.shape
     xp = np.zeros((n, c, h + begin[0] + end[0], w + begin[1] + end[1]), x.dtype)
-    step = max(1, math.ceil(c / max(1, threads)))
-
-    def copy(job):
-        i, c0 = job
-        xp[i, c0:c0 + step, begin[0]:begin[0] + h, begin[1]:begin[1] + w] = x[i, c0:c0 + step]
-    _run(copy, [(i, c0) for i in range(n) for c0 in range(0, c, step)], pool, threads)
+    xp[:, :, begin[0]:begin[0] + h, begin[1]:begin[1] + w] = x
     return xp

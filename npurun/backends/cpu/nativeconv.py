@@ -6,10 +6,9 @@ of conv_gemm.c (`flat_chosen`), what is left of `gemm_chosen` as im2col + BLAS s
 stride-1 convs with <= 4 input channels (ESPCN's 5x5 1->64) as the direct kernel of smallc.c
 (`smallc_chosen`).
 
-Work is split into bands of output rows (dense) or of channels (depthwise), one ctypes call
-per band; ctypes drops the GIL, so the bands run on the backend's threads in parallel.
-Winograd and smallc bands instead go, one call per image, to the library's spinning pool
-(csrc/par.h), whose hand-offs cost ~1 us against tens of us through the Python pool.
+On more than one thread the work is split into bands of output rows (dense; of channels,
+depthwise), one call per image (per group of a grouped conv), on the library's one spinning
+pool (csrc/par.h), whose hand-offs cost ~1 us; there is no Python thread pool.
 Weights are packed once per node, (M, C, kh, kw) -> (ceil(M/4), C*kh*kw, 4), or transformed
 and packed for Winograd (winograd.pack), and kept in the node's cache.
 """
@@ -52,7 +51,7 @@ def pack(w: np.ndarray, b: np.ndarray | None, group: int, mr: int = MR):
     return out
 
 
-def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str | None = None,
+def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None = None,
            algo: str | None = None):
     """algo: None picks by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen; "direct",
     "winograd", "flat", "gemm" or "smallc" forces one (tests)."""
@@ -74,7 +73,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
     flops = 2.0 * m * cg * kh * kw * ho * wo
     geo = (kh, kw, sh, sw, dh, dw, begin[0], begin[1])
     if algo is None and group > 1 and cg >= GROUP_SPLIT_MIN and m // group >= GROUP_SPLIT_MIN:
-        return _wide_groups(x, w, b, attrs, act, act_attrs, pool, threads, cache, isa, y)
+        return _wide_groups(x, w, b, attrs, act, act_attrs, threads, cache, isa, y)
     if group == c == m and cg == 1:  # depthwise
         if "dw" not in cache:
             cache["dw"] = (np.ascontiguousarray(w.reshape(c, kh * kw)),
@@ -92,7 +91,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
             i, c0, c1 = job
             _check(LIB.npr_dwconv2d(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo,
                                     code, alpha, beta, ptr(y[i]), ho, wo, c0, c1))
-        _run(run_dw, jobs, pool, threads)
+        _run(run_dw, jobs)
         return y
     if algo == "flat" or (algo is None and min(*begin, *end) >= 0
                           and flat_chosen(c, m, group, geo, ho, wo, isa or native.ISA, threads)):
@@ -112,12 +111,12 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
         if group != 1 or geo[2:6] != (1, 1, 1, 1) or min(*begin, *end) < 0:
             raise BackendError(f"cpu conv: algo='smallc' needs a stride-1 dilation-1 dense conv with pads >= 0, "
                                f"got weights {tuple(w.shape)}, group {group}, strides {(sh, sw)}, dilations {(dh, dw)}")
-        return _smallc(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa or native.ISA, flops)
+        return _smallc(x, w, b, geo, code, alpha, beta, y, threads, cache, isa or native.ISA, flops)
     if algo == "winograd" or (algo is None and winograd.chosen(c, m, group, geo, ho, wo, isa or native.ISA)):
         if group != 1 or geo[:6] != (3, 3, 1, 1, 1, 1):
             raise BackendError(f"cpu conv: algo='winograd' needs a 3x3 stride-1 dilation-1 dense conv, "
                                f"got weights {tuple(w.shape)}, group {group}, strides {(sh, sw)}, dilations {(dh, dw)}")
-        return _winograd(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flops)
+        return _winograd(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops)
     if "packed" not in cache:
         cache["packed"] = pack(w, b, group)
     packed = cache["packed"]
@@ -128,12 +127,13 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
     flat = geo == (1, 1, 1, 1, 1, 1, 0, 0)
     rows = max(1, ho * wo // 64) if flat else ho  # the flat row splits into bands of 64-pixel groups
     bands = _bands(rows, threads, flops / group)
-    if threads > 1 and len(bands) > 1 and group == 1:  # the bands on par.h's spinning pool
+    if threads > 1 and len(bands) > 1:  # the bands on par.h's spinning pool, a call per image and group
         mt = getattr(LIB, f"npr_conv2d_{isa or native.ISA}_mt")
-        wp, bp = packed[0]
         for i in range(n):
-            _check(mt(ptr(x[i]), c, h, wd, ptr(wp), ptr(bp), m, *geo, code, alpha, beta,
-                      ptr(y[i]), ho, wo, nt, int(flat), threads, len(bands)))
+            for g in range(group):
+                wp, bp = packed[g]
+                _check(mt(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo, code, alpha, beta,
+                          ptr(y[i, g * mg:]), ho, wo, nt, int(flat), threads, len(bands)))
         return y
     jobs = [(i, g, r0, r1) for i in range(n) for g in range(group) for r0, r1 in bands]
 
@@ -147,7 +147,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
             return
         _check(kernel(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo,
                       code, alpha, beta, ptr(y[i, g * mg:]), ho, wo, r0, r1, 0, nt))
-    _run(run, jobs, pool, threads)
+    _run(run, jobs)
     return y
 
 
@@ -156,7 +156,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, pool, threads, cache: dict, isa: str 
 GROUP_SPLIT_MIN = 16
 
 
-def _wide_groups(x, w, b, attrs, act, act_attrs, pool, threads, cache, isa, y):
+def _wide_groups(x, w, b, attrs, act, act_attrs, threads, cache, isa, y):
     """A grouped conv as `group` dense convs, each on its channel slice with the algorithm its
     own shape picks (Winograd, flat GEMM, ...), weights packed per group in the node's cache."""
     group = attrs["group"]
@@ -169,7 +169,7 @@ def _wide_groups(x, w, b, attrs, act, act_attrs, pool, threads, cache, isa, y):
                                    for g in range(group)]
     dense = {**attrs, "group": 1}
     for g, (wg, bg, cg_cache) in enumerate(parts):
-        y[:, g * mg:(g + 1) * mg] = conv2d(x[:, g * cg:(g + 1) * cg], wg, bg, dense, act, act_attrs, pool, threads,
+        y[:, g * mg:(g + 1) * mg] = conv2d(x[:, g * cg:(g + 1) * cg], wg, bg, dense, act, act_attrs, threads,
                                            cg_cache, isa)
     return y
 
@@ -223,7 +223,7 @@ def smallc_chosen(c: int, m: int, group: int, geo: tuple, isa: str) -> bool:
             and m >= 8)
 
 
-def _smallc(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flops):
+def _smallc(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
     """Bands of output rows on the threads; weights packed for the kernel's MB once per node."""
     fn = getattr(LIB, f"npr_smallc_{isa}")
     mb = getattr(LIB, f"npr_smallc_mr_{isa}")()
@@ -247,7 +247,7 @@ def _smallc(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flops
         i, r0, r1 = job
         _check(fn(ptr(x[i]), c, h, wd, ptr(wp), ptr(bp), m, kh, kw, pt, pl, code, alpha, beta,
                   ptr(y[i]), ho, wo, r0, r1, nt))
-    _run(run, jobs, pool, threads)
+    _run(run, jobs)
     return y
 
 
@@ -294,7 +294,7 @@ def empty(shape) -> np.ndarray:
     return buf[o:o + n].reshape(shape)
 
 
-def _winograd(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flops):
+def _winograd(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
     """Bands of 4-row tile rows on the threads; the transformed weights are kept per node.
     On more threads the bands go to the library's one spinning pool (csrc/par.h) in one call
     per image, not to the Program's Python pool: a hand-off there costs tens of us on a
@@ -319,7 +319,7 @@ def _winograd(x, w, b, geo, code, alpha, beta, y, pool, threads, cache, isa, flo
         i, r0, r1 = job
         _check(fn(ptr(x[i]), c, h, wd, ptr(u), ptr(bias), m, geo[6], geo[7], code, alpha, beta,
                   ptr(y[i]), ho, wo, r0, r1, nt))
-    _run(run, jobs, pool, threads)
+    _run(run, jobs)
     return y
 
 
@@ -369,17 +369,11 @@ def _bands(rows: int, threads: int, flops: float) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
 
 
-def _run(fn, jobs, pool, threads):
-    """Run the jobs on the pool, the first one on the calling thread: one thread fewer to wake
-    per conv (YOLOv8n has 57 small ones; on a busy machine every wake-up can wait a slice)."""
-    if pool is None or threads == 1 or len(jobs) == 1:
-        for j in jobs:
-            fn(j)
-    else:
-        futs = [pool.submit(fn, j) for j in jobs[1:]]
-        fn(jobs[0])
-        for f in futs:
-            f.result()
+def _run(fn, jobs):
+    """The jobs one after another on the calling thread (one thread, or a conv too small to
+    split: more threads go to the library's pool through the kernels' _mt entry points)."""
+    for j in jobs:
+        fn(j)
 
 
 def _check(rc: int):

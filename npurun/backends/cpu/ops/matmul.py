@@ -33,7 +33,6 @@ import numpy as np
 
 from ...reference.kernels import KERNELS as REF
 from .. import blas, native
-from ..nativeconv import _run
 
 MIN_FLOP = 2_000_000  # a smaller product runs on the calling thread (hand-off ~20-50 us)
 
@@ -44,7 +43,7 @@ def _single_blas(fn):
 
 
 def _parts(program, flop, units):
-    if program.pool is None or program.threads == 1 or flop < MIN_FLOP:
+    if program.threads == 1 or flop < MIN_FLOP:
         return 1
     return max(1, min(program.threads, units))
 
@@ -100,19 +99,21 @@ def matmul_add(program, a, b, adds=()):
                 return
             np.add(yb, c[u0 * per:u1 * per] if full else c, out=yb)
 
-    bmm = _bmm() if parts > 1 and b2.ndim == 3 else None
-    if bmm is not None:  # the heads on the library's spinning pool, each packed then multiplied
-        if bmm(native.ISA == "avx512", a2.ctypes.data, b2.ctypes.data, y.ctypes.data, units, per, K, N,
-               program.threads):
+    if parts > 1 and b2.ndim == 2:  # b packed for this call, its panels on the library's pool
+        done = linear(program, a, b, {}, adds, weights=False)
+        if done is not None:
+            return done
+        parts = 1
+    if parts > 1:  # the heads on the library's spinning pool, each packed then multiplied
+        if _bmm()(native.ISA == "avx512", a2.ctypes.data, b2.ctypes.data, y.ctypes.data, units, per, K, N,
+                  program.threads):
             raise MemoryError("the batched matmul could not allocate its panel buffer")
         for c, full in flat:
             if full is None:
                 break
             np.add(y2, c, out=y2)
-    elif parts == 1:
-        band(0)
     else:
-        _single_blas(lambda: _run(band, range(parts), program.pool, parts))
+        _single_blas(lambda: band(0))
     if any(full is None for _, full in flat):  # an odd broadcast: the adds in order, whole
         k = next(i for i, (_, full) in enumerate(flat) if full is None)
         for c in adds[k:]:
@@ -173,11 +174,12 @@ def _pack_q8(q, s, nr):
     return np.ascontiguousarray(qp.reshape(K, panels, nr).transpose(1, 0, 2)), sp
 
 
-def _prepare(cache, b, isa, lib):
+def _prepare(cache, b, isa, lib, weights=True):
     """Pack b for the kernel once: int8 panels + scales where b is int8 weights dequantized
-    exactly (a quarter of the bytes to stream each run), else float32 panels."""
+    exactly (a quarter of the bytes to stream each run), else float32 panels. (weights False:
+    b is computed, packed for one call; no scan for int8 columns.)"""
     nr = getattr(lib, f"npr_gemm_nr_{isa}")()
-    q8 = int8_columns(b)
+    q8 = int8_columns(b) if weights else None
     if q8 is not None:
         bq, sp = _pack_q8(*q8, nr)
         cache.update(b=b, isa=isa, nr=nr, bq=bq, scale=sp, bp=None)
@@ -196,7 +198,7 @@ def _mt(lib):
     return lib.npr_gemm_mt, lib.npr_gemm_q8_mt
 
 
-def linear(program, a, b, cache: dict, adds=()):
+def linear(program, a, b, cache: dict, adds=(), weights=True):
     """a @ b [+ bias] [+ residual] on the packed-weight sgemm, b constant (packed on first use,
     kept in `cache`); None where it does not apply: other dtypes or ranks, or adds that are
     not (bias of N values first, then a residual of the product's shape)."""
@@ -218,39 +220,31 @@ def linear(program, a, b, cache: dict, adds=()):
             return None
     isa = native.ISA
     if cache.get("b") is not b or cache.get("isa") != isa:
-        _prepare(cache, b, isa, lib)
+        _prepare(cache, b, isa, lib, weights)
     nr = cache["nr"]
     a2 = np.ascontiguousarray(a)
     rows = a2.size // K
     y = np.empty(out_shape, np.float32)
     panels = -(-N // nr)
     parts = _parts(program, 2 * rows * K * N, panels)
-    edges = [panels * j // parts for j in range(parts + 1)]
     pa, py = a2.ctypes.data, y.ctypes.data
     pbias = None if bias is None else bias.ctypes.data
     pres = None if res is None else res.ctypes.data
-    mt = _mt(lib) if parts > 1 else None
+    mt, mt_q8 = _mt(lib)
     if cache["bq"] is not None:
-        gemm = getattr(lib, f"npr_gemm_q8_{isa}")
         ws = np.empty((parts, K * nr), np.float32)  # one widened panel per thread
         pq, ps = cache["bq"].ctypes.data, cache["scale"].ctypes.data
-        if mt is not None:  # the panels on the library's spinning pool (csrc/gemm_mt.c)
-            mt[1](isa == "avx512", pa, pq, ps, py, pbias, pres, rows, K, N, panels, ws.ctypes.data, K * nr,
+        if parts > 1:  # the panels on the library's spinning pool (csrc/gemm_mt.c)
+            mt_q8(isa == "avx512", pa, pq, ps, py, pbias, pres, rows, K, N, panels, ws.ctypes.data, K * nr,
                   program.threads, parts)
-            return y
-
-        def band(j):
-            gemm(pa, pq, ps, py, pbias, pres, rows, K, N, edges[j], edges[j + 1], ws[j].ctypes.data)
+        else:
+            getattr(lib, f"npr_gemm_q8_{isa}")(pa, pq, ps, py, pbias, pres, rows, K, N, 0, panels, ws.ctypes.data)
+        return y
+    pb = cache["bp"].ctypes.data
+    if parts > 1:
+        mt(isa == "avx512", pa, pb, py, pbias, pres, rows, K, N, panels, program.threads, parts)
     else:
-        gemm = getattr(lib, f"npr_gemm_{isa}")
-        pb = cache["bp"].ctypes.data
-        if mt is not None:
-            mt[0](isa == "avx512", pa, pb, py, pbias, pres, rows, K, N, panels, program.threads, parts)
-            return y
-
-        def band(j):
-            gemm(pa, pb, py, pbias, pres, rows, K, N, edges[j], edges[j + 1])
-    _run(band, range(parts), program.pool, parts)
+        getattr(lib, f"npr_gemm_{isa}")(pa, pb, py, pbias, pres, rows, K, N, 0, panels)
     return y
 
 
@@ -258,7 +252,7 @@ def make_matmul(program):
     def matmul(a, b):
         # One thread, or a product too small to split: NumPy straight away (~2 us, where the
         # banding's checks cost ~10: silero-like graphs of tiny nodes feel it).
-        if program.pool is None or program.threads == 1 or a.ndim < 2 or b.ndim < 2 \
+        if program.threads == 1 or a.ndim < 2 or b.ndim < 2 \
                 or 2 * a.size * b.shape[-1] < MIN_FLOP:
             return REF["matmul"](a, b)
         y = matmul_add(program, a, b)

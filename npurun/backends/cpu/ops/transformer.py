@@ -31,7 +31,7 @@ def _ptr(a):
 
 
 def _parts(program, size, rows):
-    return min(program.threads, rows) if size >= BIG and program.pool is not None else 1
+    return min(program.threads, rows) if size >= BIG and program.threads > 1 else 1
 
 
 def _elementwise(program, x, fn, *args):

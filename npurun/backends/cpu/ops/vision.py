@@ -106,15 +106,14 @@ def _average_pool(program):
             ones = np.ones((1, 1) + x.shape[2:], np.float32)
             cnt = REF["average_pool"](ones, **{**a, "kernel_shape": kernel_shape})  # = count / count
             total = nativeconv.conv2d(ones, np.ones((1, 1, *kernel_shape), np.float32), None,
-                                      _conv_attrs(begin, end, st), None, None, None, 1, {})
+                                      _conv_attrs(begin, end, st), None, None, 1, {})
             inv = (cnt / total).astype(np.float32)  # 1 / count
             if len(_counts) >= CACHE:
                 _counts.clear()
             _counts[key] = inv
         c = x.shape[1]
         y = nativeconv.conv2d(np.ascontiguousarray(x), np.ones((c, 1, *kernel_shape), np.float32), None,
-                              {**_conv_attrs(begin, end, st), "group": c}, None, None, program.pool,
-                              program.threads, {})
+                              {**_conv_attrs(begin, end, st), "group": c}, None, None, program.threads, {})
         return np.multiply(y, inv, out=y)
     return average_pool
 
