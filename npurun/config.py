@@ -140,6 +140,8 @@ def _read_file(path: Path, cfg: Config, label: str | None = None):
         raise ConfigError(f"{where}: cannot be read ({e})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses on nested arrays and inline tables
+        raise ConfigError(f"{where}: not valid TOML: arrays or tables nested too deep") from None
     for section, body in data.items():
         if not isinstance(body, dict):
             if section in SCHEMA:
@@ -149,11 +151,13 @@ def _read_file(path: Path, cfg: Config, label: str | None = None):
             cfg.set(section, key, value, where)
 
 
-def _parse_scalar(raw: str):
+def _parse_scalar(raw: str, where: str):
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw  # a bare word: a string
+    except RecursionError:
+        raise ConfigError(f"{where}: value nested too deep to read as TOML") from None
 
 
 def user_file(env=None) -> Path:
@@ -182,14 +186,15 @@ def load(cli: dict | None = None, *, env=None, system: Path | str | None = None,
             continue
         section, _, key = name[len("NPURUN_"):].lower().partition("_")
         if section in SCHEMA:  # other NPURUN_ variables (NPURUN_DEBUG, ...) are not config
-            cfg.set(section, key, _parse_scalar(env[name]), f"environment variable {name}")
+            where = f"environment variable {name}"
+            cfg.set(section, key, _parse_scalar(env[name], where), where)
     for dotted, value in (cli or {}).items():
         flag = f"--set {dotted}"
         if isinstance(value, tuple):
             value, flag = value
         section, _, key = dotted.partition(".")
         if isinstance(value, str):
-            value = _parse_scalar(value)
+            value = _parse_scalar(value, flag)
         cfg.set(section, key, value, flag)
     lo, hi = cfg.get("thermal", "recovery_temp"), cfg.get("thermal", "throttle_temp")
     if lo >= hi:
