@@ -5,7 +5,7 @@ import importlib
 import pkgutil
 
 from ..errors import BackendError
-from .base import Backend, Program
+from .base import Backend, Program, Step
 
 BACKENDS: dict[str, type[Backend]] = {}
 
@@ -42,4 +42,4 @@ def get_backend(device: str, parallelism: int = 1) -> Backend:
     return cls(target, parallelism)
 
 
-__all__ = ["BACKENDS", "Backend", "Program", "get_backend", "parse_device", "register"]
+__all__ = ["BACKENDS", "Backend", "Program", "Step", "get_backend", "parse_device", "register"]

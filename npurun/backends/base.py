@@ -10,7 +10,7 @@ computes the numbers a device at that precision would. Device strings are
 from __future__ import annotations
 
 import operator
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -21,6 +21,16 @@ from ..ir.ops import OPS
 from ..ir.shapes import bind, format_shape
 
 Progress = Callable[[int, int, str], None]  # (nodes done, nodes in all, node label)
+
+
+class Step(NamedTuple):
+    """One step of a Program: the node it runs, the kernel the backend chose for it (with
+    whatever it keeps between runs, e.g. packed weights, in the kernel itself), the node's
+    attributes (defaults merged in) and the values that die after it."""
+    node: object
+    kernel: Callable
+    attrs: dict
+    dead: list
 
 
 class Backend:
@@ -108,10 +118,10 @@ class Program:
     A control-flow node's regions compile to sub-programs; its kernel gets them as callables
     (`_regions`) that run the subgraph with the current run's values in scope.
 
-    `steps` is the public form, (node, kernel, attrs, values dead after it) per step, which
-    backends and tools rewrite (fusion, profiling, calibration observers). A run executes a
-    *plan* derived from it once (`_plan`): input and output names as tuples, the node's label,
-    and a kind per step, so the loop does no dict lookups beyond the run's values:
+    `steps` is the public form, a `Step` (node, kernel, attrs, values dead after it) each, which
+    tools wrap (profiling, calibration observers); the graph itself is never rewritten here. A
+    run executes a *plan* derived from it once (`_plan`): input and output names as tuples, the
+    node's label, and a kind per step, so the loop does no dict lookups beyond the run's values:
 
     - a plain kernel call;
     - `identity` (the reference kernel, which returns its input): an alias, no call;
@@ -152,7 +162,7 @@ class Program:
             dead = [nm for nm in dict.fromkeys(reads[i]) if nm and last_use.get(nm) == i
                     and nm not in keep and nm in graph.values and not graph.values[nm].is_const]
             dead += [o for o in n.outputs if o not in last_use and o not in keep]
-            self.steps.append((n, fn, attrs, dead))
+            self.steps.append(Step(n, fn, attrs, dead))
             if n.regions:
                 for r in n.regions.values():
                     r.source = graph.source

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+from ..base import Step
+
 
 def profile(program, feeds: dict, runs: int = 3) -> tuple[list[tuple[str, str, float]], float]:
     """([(node label, op (+fused activation), median ms)], median ms of the whole run),
@@ -22,7 +24,7 @@ def profile(program, feeds: dict, runs: int = 3) -> tuple[list[tuple[str, str, f
                 return _fn(*a, **kw)
             finally:
                 spent[_k].append(time.perf_counter() - t0)
-        wrapped.append((n, timed, attrs, dead))
+        wrapped.append(Step(n, timed, attrs, dead))
     program.steps = wrapped
     whole = []
     try:

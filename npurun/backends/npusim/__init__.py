@@ -16,7 +16,7 @@ import numpy as np
 
 from ...devices import DEFAULT_DEVICE, load_device
 from .. import register
-from ..base import Backend, Program
+from ..base import Backend, Program, Step
 from ..reference.kernels import KERNELS
 from .model import choose_precision
 from .simulate import Report, estimate
@@ -41,7 +41,7 @@ class NpusimProgram(Program):
         for n, fn, attrs, dead in self.steps:
             if choose_precision(n, self.graph, self.precision) == "fp16":
                 fn = _rounding(fn)
-            steps.append((n, fn, attrs, dead))
+            steps.append(Step(n, fn, attrs, dead))
         self.steps = steps
 
     def run(self, feeds, progress=None, attention=None):
