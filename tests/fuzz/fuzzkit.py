@@ -150,11 +150,17 @@ def run_target(module: str, n: int | None = None, timeout_s: float | None = None
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(MARK)]
     if p.returncode != 0 or not lines:
         how = f"signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}"
-        raise CaseFailure(f"{module}: the fuzz child ended with {how}\n--- stdout\n{p.stdout[-8000:]}\n"
-                          f"--- stderr\n{p.stderr[-8000:]}")
+        raise CaseFailure(f"{module}: the fuzz child ended with {how}\n--- stdout\n{_tail(p.stdout)}\n"
+                          f"--- stderr\n{_tail(p.stderr)}")
     figures = json.loads(lines[-1][len(MARK):])
     assert figures["cases"] >= n, f"{module}: ran {figures['cases']} cases, wanted {n}: {figures}"
     return figures
+
+
+def _tail(text: str, n: int = 16000) -> str:
+    """The end of a child's output, each line cut at 500 characters (a failing case's repr
+    may be megabytes long)."""
+    return "\n".join(ln if len(ln) <= 500 else ln[:500] + f"... ({len(ln)} chars)" for ln in text.splitlines())[-n:]
 
 
 def report(figures: dict) -> str:

@@ -45,7 +45,8 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     try:
         from onnx.external_data_helper import load_external_data_for_model
         load_external_data_for_model(model, str(path.parent))
-    except (OSError, ValueError, onnx.checker.ValidationError) as e:
+    except (OSError, ValueError, RuntimeError, onnx.checker.ValidationError) as e:
+        # (RuntimeError: onnx's C++ path checks, e.g. "File name too long")
         raise ModelError(f"{path}: cannot load external weights ({e})") from None
     return model
 
