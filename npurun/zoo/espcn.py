@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import os
+import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +42,18 @@ def read_image(path: str | os.PathLike) -> Image.Image:
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     try:
-        img = Image.open(path)
-        img.load()
+        # Pillow only warns between MAX_IMAGE_PIXELS and twice that; npurun refuses there too.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(path)
+            img.load()
     except UnidentifiedImageError:
         raise InputError(f"{path}: not an image (Pillow cannot identify its format)") from None
-    except Image.DecompressionBombError as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise InputError(f"{path}: image too large ({e})") from None
-    except (OSError, SyntaxError, ValueError) as e:
-        raise InputError(f"{path}: cannot decode the image ({e})") from None
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, ZeroDivisionError) as e:
+        # (Pillow's decoders let struct.error, IndexError ... out of some corrupt files)
+        raise InputError(f"{path}: cannot decode the image ({type(e).__name__}: {e})") from None
     return img
 
 

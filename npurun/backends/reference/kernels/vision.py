@@ -541,9 +541,13 @@ def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, u
 @kernel("image_decoder")
 def image_decoder(encoded, *, pixel_format):
     # Any format Pillow reads (JPEG, PNG, BMP, TIFF, WebP, PNM, JPEG 2000); (H, W, 3) or (H, W, 1).
+    import warnings
+
     from PIL import Image
-    img = Image.open(io.BytesIO(encoded.tobytes()))
-    if pixel_format == "Grayscale":
-        return np.asarray(img.convert("L"), dtype=np.uint8)[..., None]
-    rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    with warnings.catch_warnings():  # a decompression bomb is refused, not just warned about
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        img = Image.open(io.BytesIO(encoded.tobytes()))
+        if pixel_format == "Grayscale":
+            return np.asarray(img.convert("L"), dtype=np.uint8)[..., None]
+        rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
     return np.ascontiguousarray(rgb[..., ::-1]) if pixel_format == "BGR" else rgb
