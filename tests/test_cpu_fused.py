@@ -150,3 +150,22 @@ def test_average_pool_on_the_depthwise_kernel_matches_reference(rng, xshape, att
     want = REF["average_pool"](x, **a)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode,ctm,shape,size", [
+    ("linear", "half_pixel", (1, 3, 8, 8), (32, 32)),           # SegFormer's 4x upsampling
+    ("linear", "align_corners", (2, 2, 5, 7), (11, 3)),         # up one axis, down the other
+    ("linear", "pytorch_half_pixel", (1, 4, 1, 9), (1, 20)),
+    ("cubic", "half_pixel", (1, 2, 6, 6), (13, 9)),
+    ("linear", "asymmetric", (1, 2, 10, 10), (4, 4)),           # downsampling
+])
+def test_interpolating_resize_matches_reference(rng, mode, ctm, shape, size):
+    from npurun.backends.cpu.ops import vision
+    from npurun.ir.ops import OPS
+    a = {**OPS["resize"].attrs, "mode": mode, "coordinate_transformation_mode": ctm}
+    x = nonzero_normal(rng, shape)
+    sizes = np.array(shape[:2] + size, np.int64)
+    got = vision._resize(x, None, None, sizes, **a)
+    want = REF["resize"](x, None, None, sizes, **a)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

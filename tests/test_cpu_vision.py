@@ -117,12 +117,14 @@ def test_nearest_resize_matches_reference(case, rng):
 
 
 def test_linear_resize_and_channel_resize_fall_back(rng):
-    x = nonzero_normal(rng, (1, 2, 5, 6))
+    """A float64 linear resize and a nearest resize of the channel axis run the reference."""
+    x = nonzero_normal(rng, (1, 2, 5, 6)).astype(np.float64)
     a = {"mode": "linear", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor",
          "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0, "axes": None,
          "keep_aspect_ratio_policy": "stretch"}
     s = np.array([1, 1, 2, 2], np.float32)
     np.testing.assert_array_equal(vision._resize(x, None, s, None, **a), KERNELS["resize"](x, None, s, None, **a))
+    x = x.astype(np.float32)
     a["mode"] = "nearest"
     s = np.array([1, 2, 1, 1], np.float32)
     np.testing.assert_array_equal(vision._resize(x, None, s, None, **a), KERNELS["resize"](x, None, s, None, **a))

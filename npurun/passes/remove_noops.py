@@ -5,6 +5,8 @@ read the input directly.
     cast to the dtype x already has  expand / squeeze / unsqueeze that change no dim
     pad with all-zero pads           slice that keeps every element, in order
     concat / identity of one input   x + 0, x - 0, x * 1, x / 1 (constant of x's shape or smaller)
+    resize to the size x has         (every mode samples each pixel at its own centre then;
+                                      not tf_crop_and_resize, whose roi moves the samples)
 
 "Same shape" means the same dims, with no `?` among them (two `?` may differ at run time).
 A no-op whose result is a graph output is removed only if its input is an intermediate
@@ -44,6 +46,8 @@ def is_noop(g: Graph, n: Node) -> bool:
         return True  # same dims and dtype: nothing moved (flatten of a 2-D (a, b) at axis 1)
     if n.op == "concat":
         return len(n.inputs) == 1
+    if n.op == "resize":  # (SegFormer's decode head "upsamples" its finest map to its own size)
+        return a.get("coordinate_transformation_mode") != "tf_crop_and_resize" and all(isinstance(d, int) for d in x.shape)
     if n.op == "transpose":
         perm = a["perm"] or list(reversed(range(len(x.shape))))
         return list(perm) == list(range(len(x.shape)))

@@ -63,6 +63,8 @@ def _signatures() -> dict:
         "npr_affine_act": ([P, P, L, F, F, I, F, F, F, F], None),
         "npr_channel_affine_act": ([P, P, L, L, L, P, P, I, F, F], None),
         "npr_prelu_channels": ([P, P, L, L, L, P], None),
+        # resize.c: one axis of an interpolating resize (ops/vision.py)
+        "npr_resize_axis": ([P, P, L, L, L, L, P, P, I], None),
         # color.c: zoo/espcn.py's YCbCr -> RGB merge
         "npr_ycc_to_rgb": ([P, P, P, P, P, P, L], None),
         # transformer.c and gemm_mt.c: erf, GELU, LayerNorm, softmax, the packed sgemm

@@ -14,6 +14,12 @@ and FPN upsampling) in NumPy with the work of the reference kernels' inner loops
   they are the reference kernel's own divisor, computed once on a probe of ones (with or
   without count_include_pad, ceil_mode's extra end padding never counted) and cached.
   PoolFormer's 3x3 stride-1 pools: ~2.3 -> ~0.5 ms each.
+- **resize, modes linear and cubic** (batch and channel axes kept): separable, each resized
+  axis at a time as a sum of k taps (2 for linear, 4 for cubic, more with antialias) whose
+  source indices and weights are the reference kernel's own (`_filter_taps`), computed once
+  per shape and attributes and cached, summed in float32 by csrc/resize.c (the reference sums
+  in float64: within a few ulp). SegFormer's decode head (256 channels, 8/16/32 -> 64): the
+  three resizes 38 -> ~1.5 ms.
 - **resize, mode nearest**: each output pixel copies one input pixel, and which one depends
   only on the spatial shape and the attributes. The map is found once per (shape, attributes,
   scales/sizes) by running the reference kernel on a probe holding each pixel's own index
@@ -124,12 +130,55 @@ def _conv_attrs(begin, end, strides):
 
 
 def _resize(x, roi=None, scales=None, sizes=None, **a):
+    if a.get("mode") in ("linear", "cubic"):
+        y = _interpolate(x, roi, scales, sizes, a)
+        return REF["resize"](x, roi, scales, sizes, **a) if y is None else y
     m = _nearest_map(x, roi, scales, sizes, a)
     if m is None:
         return REF["resize"](x, roi, scales, sizes, **a)
     idx, out = m
     n, c = x.shape[:2]
     return np.take(x.reshape(n, c, -1), idx, axis=2).reshape(n, c, *out)
+
+
+_taps: dict = {}  # (axis length, plan entry, attributes) -> (indices (n_out, k), weights float32)
+
+
+def _interpolate(x, roi, scales, sizes, a):
+    """Linear/cubic resize of the spatial axes, an axis at a time; None where the reference
+    must run (other dtypes, tf_crop_and_resize, a resized batch or channel axis)."""
+    from ...reference.kernels.shape import _filter_taps, _source_coords
+    from .. import native
+    if native.LIB is None or x.dtype != np.float32 or x.ndim < 3 \
+            or a.get("coordinate_transformation_mode") == "tf_crop_and_resize":
+        return None
+    given = sizes if sizes is not None and sizes.size else None
+    plan = resize_plan(x.shape, None if given is not None else scales, given, a["axes"], a["keep_aspect_ratio_policy"])
+    y = x
+    # the last axis first: its taps are scalar gathers, cheapest while the other axes are small
+    for axis, n_out, sc in sorted(plan, key=lambda e: -e[0]):
+        n_in = y.shape[axis]
+        if n_out == n_in and sc == 1.0:
+            continue
+        if axis < 2:
+            return None
+        key = (n_in, n_out, float(sc), repr(sorted(a.items())))
+        hit = _taps.get(key)
+        if hit is None:
+            src = _source_coords(n_out, n_in, sc, a["coordinate_transformation_mode"], (0.0, 1.0))
+            idx, w = _filter_taps(src, n_in, sc, a)
+            hit = (np.ascontiguousarray(idx, np.int64), np.ascontiguousarray(w, np.float32))
+            if len(_taps) >= CACHE:
+                _taps.clear()
+            _taps[key] = hit
+        idx, w = hit
+        y = np.ascontiguousarray(y)
+        outer, inner = int(np.prod(y.shape[:axis])), int(np.prod(y.shape[axis + 1:]))
+        out = np.empty(y.shape[:axis] + (n_out,) + y.shape[axis + 1:], np.float32)
+        native.LIB.npr_resize_axis(native.ptr(y), native.ptr(out), outer, n_in, inner, n_out, native.ptr(idx),
+                                   native.ptr(w), idx.shape[1])
+        y = out
+    return y if y is not x else x.copy()
 
 
 def _nearest_map(x, roi, scales, sizes, a):

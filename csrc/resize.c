@@ -1,0 +1,39 @@
+/* Interpolating resize of the cpu backend (npurun/backends/cpu/ops/vision.py), one axis at a
+ * time: x is (outer, n_in, inner) float32, y is (outer, n_out, inner), and each output
+ * position j of the axis sums k taps of the input:
+ *
+ *     y[o, j, i] = sum_t w[j, t] * x[o, idx[j, t], i]
+ *
+ * with the taps' indices and weights the reference kernel's own (linear: 2, cubic: 4, more
+ * with antialias). The inner loop runs over `inner` (the axes after the resized one: a row of
+ * W floats when the H axis is resized), which the compiler vectorizes; the last axis
+ * (inner = 1) is one small dot product per output. */
+#include <stddef.h>
+
+void npr_resize_axis(const float *x, float *y, long outer, long n_in, long inner, long n_out,
+                     const long *idx, const float *w, int k)
+{
+    for (long o = 0; o < outer; o++) {
+        const float *xo = x + o * n_in * inner;
+        float *yo = y + o * n_out * inner;
+        if (inner == 1) {
+            for (long j = 0; j < n_out; j++) {
+                float s = 0.0f;
+                for (int t = 0; t < k; t++) s += w[j * k + t] * xo[idx[j * k + t]];
+                yo[j] = s;
+            }
+            continue;
+        }
+        for (long j = 0; j < n_out; j++) {
+            float *yr = yo + j * inner;
+            const float *x0 = xo + idx[j * k] * inner;
+            const float w0 = w[j * k];
+            for (long i = 0; i < inner; i++) yr[i] = w0 * x0[i];
+            for (int t = 1; t < k; t++) {
+                const float *xt = xo + idx[j * k + t] * inner;
+                const float wt = w[j * k + t];
+                for (long i = 0; i < inner; i++) yr[i] += wt * xt[i];
+            }
+        }
+    }
+}
