@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 import zlib
@@ -42,7 +41,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -50,7 +49,7 @@ from .. import __version__
 from ..errors import InputError, NpurunError
 from ..runtime.scheduler import TaskCancelled, TaskTimeout
 from .metrics import ServeMetrics
-from .protocol import Limits, ServeError, encode_response, parse_infer
+from .protocol import Limits, ServeError, encode_response, loads_json, parse_infer
 from .shm import SharedMemory
 
 log = logging.getLogger("npurun.serve")
@@ -255,11 +254,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if int(n) > limit:
             raise ServeError(413, f"the request body is {int(n)} bytes, over the server's limit of {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ServeError(413, f"the request body is over the server's limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ServeError(413, f"the request body is over the server's limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # a client gone mid-body is no server error (it was counted a 500)
+        raise ServeError(499, "the client closed the connection before sending the whole body") from None
     body = b"".join(chunks)
     if n is not None and len(body) != int(n):
         raise ServeError(400, f"the body has {len(body)} bytes, Content-Length said {n}")
@@ -287,10 +289,7 @@ def _decode(body: bytes, encoding: str | None, limit: int) -> bytes:
 
 
 def _json(body: bytes):
-    try:
-        return json.loads(body or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ServeError(400, f"the body is not valid JSON ({e})") from None
+    return loads_json(body or b"{}", "the body")
 
 
 async def _serve_error(request, exc: ServeError):

@@ -94,10 +94,7 @@ def parse_infer(body: bytes, header_length: str | None, model, shm, limits: Limi
                                   f"{len(body)} bytes")
     else:
         hlen = len(body)
-    try:
-        req = json.loads(body[:hlen])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ServeError(400, f"the request header is not valid JSON ({e})") from None
+    req = loads_json(body[:hlen], "the request header")
     if not isinstance(req, dict):
         raise ServeError(400, "the request must be a JSON object with 'inputs'")
     params = _dict(req.get("parameters"), "parameters")
@@ -123,6 +120,18 @@ def parse_infer(body: bytes, header_length: str | None, model, shm, limits: Limi
     if missing:
         raise ServeError(400, f"model {model.name!r}: missing input(s) {', '.join(map(repr, missing))}")
     return InferRequest(rid, feeds, _outputs(req, params, model, shm), _priority(params), _timeout(params), params)
+
+
+def loads_json(data: bytes, what: str):
+    """Parsed JSON, or a 400 naming `what`. Nesting deeper than Python's recursion limit
+    (~1000) is a 400 too: the decoder raises RecursionError there (a body nested 100,000 deep
+    was a 500)."""
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ServeError(400, f"{what} is not valid JSON ({e})") from None
+    except RecursionError:
+        raise ServeError(400, f"{what} is JSON nested too deep") from None
 
 
 def _dict(x, what: str) -> dict:
