@@ -141,6 +141,11 @@ def test_group_normalization_matches_reference(rng, xshape, groups):
                       "ceil_mode": 1}),
     ((1, 5, 14, 9), {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [0, 1, 1, 0], "count_include_pad": 0}),
     ((1, 8, 7, 7), {"kernel_shape": [7, 7], "strides": [1, 1], "pads": None, "count_include_pad": 0}),
+    # windows far larger than the input (HF EfficientNet's head: kernel = hidden size, ceil_mode)
+    ((1, 16, 7, 7), {"kernel_shape": [300, 300], "strides": [300, 300], "pads": None, "count_include_pad": 1,
+                     "ceil_mode": 1}),
+    ((1, 4, 9, 8), {"kernel_shape": [12, 5], "strides": [4, 3], "pads": [1, 0, 1, 2], "count_include_pad": 0,
+                    "ceil_mode": 1}),
 ])
 def test_average_pool_on_the_depthwise_kernel_matches_reference(rng, xshape, attrs):
     from npurun.backends.cpu.ops import vision
