@@ -219,6 +219,7 @@ def profile(specs: list[Spec], threads: int) -> None:
     from npurun.backends.cpu.profile import by_op
     from npurun.backends.cpu.profile import profile as prof
     totals: dict[str, list] = {}
+    per_model = []
     n_models = 0
     for spec in specs:
         try:
@@ -236,12 +237,17 @@ def profile(specs: list[Spec], threads: int) -> None:
             t[1] += ms / step_sum  # share of this model's run
             t[2] += 1
             t[3] += ms
-        print(f"# {spec.name}: {whole:.2f} ms, top "
-              + ", ".join(f"{op} {ms:.2f}" for op, _, ms in by_op(rows)[:4]), file=sys.stderr)
+        top = ", ".join(f"{op} {100 * ms / step_sum:.0f}%" for op, _, ms in by_op(rows)[:4])
+        per_model.append((spec.name, whole, len(rows), top))
+        print(f"# {spec.name}: {whole:.2f} ms, {top}", file=sys.stderr)
     print(f"| op (npurun step) | nodes | models | mean share of a model's run | ms summed |")
     print("|---|---|---|---|---|")
     for op, (count, share, models, ms) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:40]:
         print(f"| {op} | {count} | {models} | {100 * share / max(n_models, 1):.1f}% | {ms:.1f} |")
+    print("\n| model | ms | steps | where the time goes (share of the steps' time) |")
+    print("|---|---|---|---|")
+    for name, whole, steps, top in per_model:
+        print(f"| {name} | {whole:.3g} | {steps} | {top} |")
 
 
 def main():
