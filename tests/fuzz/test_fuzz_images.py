@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import corpus
+import fuzz_seeds
 import fuzzkit
 from mutate import _EDIT
 from mutate import apply as apply_bytes
@@ -33,7 +33,7 @@ def png_header(width: int, height: int, mode: int = 0, depth: int = 8, data: byt
 
 def seeds() -> list[bytes]:
     from PIL import Image
-    out = [(corpus.ROOT / "npurun/zoo/sample.jpg").read_bytes()]
+    out = [(fuzz_seeds.ROOT / "npurun/zoo/sample.jpg").read_bytes()]
     r = np.random.default_rng(0)
     for mode, fmt in [("RGB", "PNG"), ("L", "PNG"), ("RGBA", "PNG"), ("P", "GIF"), ("RGB", "BMP"),
                       ("RGB", "TIFF"), ("RGB", "WEBP"), ("I;16", "PNG"), ("1", "PNG"), ("RGB", "JPEG")]:

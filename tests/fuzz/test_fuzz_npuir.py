@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import corpus
+import fuzz_seeds
 import fuzzkit
 from mutate import apply as apply_bytes
 from mutate import _EDIT
@@ -81,7 +81,7 @@ def deep(kind: str, depth: int) -> str:
 def fuzz(n: int, stats: fuzzkit.Stats) -> None:
     import npurun
     from npurun.ir import parse, verify
-    seeds = corpus.npuir_seeds()
+    seeds = fuzz_seeds.npuir_seeds()
     vocab = _vocabulary()
     exe = npurun.Executor("reference", parallelism=1)
 

@@ -1,4 +1,4 @@
-"""Fuzz target: ONNX bytes -> import -> run. Seeds are real and corpus models (corpus.py);
+"""Fuzz target: ONNX bytes -> import -> run. Seeds are real and corpus models (fuzz_seeds.py);
 half the cases mutate their bytes (mutate.py), half edit the parsed protobuf where the
 importer must judge a value (dims, element types, attributes, names, opsets, raw data,
 nodes removed or repeated), then serialize. A case that imports runs on random inputs on the
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import corpus
+import fuzz_seeds
 import fuzzkit
 from mutate import INTERESTING_INTS, mutated
 
@@ -99,7 +99,7 @@ def edit_proto(m: onnx.ModelProto, edits) -> bytes:
 def fuzz(n: int, stats: fuzzkit.Stats) -> None:
     import npurun
     from npurun.frontend.onnx import import_model
-    seeds = corpus.onnx_seeds()
+    seeds = fuzz_seeds.onnx_seeds()
     exes = {d: npurun.Executor(d, parallelism=1) for d in ("cpu", "reference")}
     tmp = Path(tempfile.mkdtemp(prefix="npurun-fuzz-onnx-"))
     path = tmp / "model.onnx"

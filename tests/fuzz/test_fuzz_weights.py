@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import corpus
+import fuzz_seeds
 import fuzzkit
 from mutate import _EDIT, INTERESTING_INTS
 from mutate import apply as apply_bytes
@@ -93,7 +93,7 @@ def _seeds(tmp: Path) -> list[tuple[str, bytes]]:
     import npurun
     from npurun.frontend.onnx import import_model
     out = []
-    for k, m in enumerate([corpus.ROOT / "npurun/zoo/espcn_x3.onnx"] + corpus.handmade()):
+    for k, m in enumerate([fuzz_seeds.ROOT / "npurun/zoo/espcn_x3.onnx"] + fuzz_seeds.handmade()):
         g = import_model(m)
         p = tmp / f"seed{k}.npuir"
         npurun.save(g, p)
