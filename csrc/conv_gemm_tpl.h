@@ -102,7 +102,8 @@ typedef struct { const float *xp; const long *off; long Wp, total; int r0; } CAT
 static void CAT(CONVG, _phase2)(const float *x, int c, int H, int W, int r0, long rows, int sh, int py,
                                 int pt, int pl, long Wp, float *d0, float *d1)
 {
-    long jlo = (pl + 1) / 2, jhi = (W - 2 + pl) / 2 + 1;  /* 2j - pl >= 0 and 2j + 1 - pl < W */
+    /* 2j - pl >= 0 and 2j + 1 - pl < W (floored: a 1-wide unpadded row has no such j) */
+    long t = (long)W - 2 + pl, jlo = (pl + 1) / 2, jhi = t >= 0 ? t / 2 + 1 : 0;
     if (jhi > Wp) jhi = Wp;
     if (jlo > jhi) jlo = jhi;
     for (long i = 0; i < rows; i++, d0 += Wp, d1 += Wp) {
@@ -114,7 +115,7 @@ static void CAT(CONVG, _phase2)(const float *x, int c, int H, int W, int r0, lon
         }
         const float *src = x + (c * (long)H + iy) * W;
         for (long j = 0; j < Wp; j++) {
-            if (j == jlo) {
+            if (j == jlo && jhi > jlo) {  /* (an empty run would loop here for ever) */
                 deinterleave2(src + 2 * jlo - pl, d0 + jlo, d1 + jlo, jhi - jlo);
                 j = jhi - 1;
                 continue;

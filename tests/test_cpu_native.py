@@ -100,6 +100,12 @@ FLAT_CONVS = [c for c in CONVS if c[2].get("group", 1) == 1] + [  # + YOLOv8n-li
     ((1, 8, 131, 130), (6, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # the same, stride 2
     ((1, 6, 15, 17), (8, 6, 3, 3), {"strides": [2, 2]}),                          # stride 2 unpadded, odd W
     ((1, 4, 19, 38), (8, 4, 5, 5), {"strides": [2, 2], "pads": [2, 2, 2, 2]}),    # stride 2, pad 2, 5x5
+    # Rows too narrow for the deinterleaved run of the stride-2 phase split (found by the
+    # kernels fuzz target: 2 wide with a pad before it looped for ever; 1 wide read past it).
+    ((1, 2, 3, 2), (16, 2, 1, 1), {"strides": [1, 2], "pads": [0, 1, 0, 0]}),
+    ((1, 2, 3, 2), (16, 2, 3, 3), {"strides": [1, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 3, 4, 1), (8, 3, 1, 1), {"strides": [1, 2]}),
+    ((1, 3, 4, 3), (8, 3, 1, 2), {"strides": [2, 2], "pads": [0, 3, 0, 2]}),
 ]
 
 
@@ -115,6 +121,29 @@ def test_flat_conv_matches_reference(case, threads, isa, rng, monkeypatch):
     b = nonzero_normal(rng, ws[:1])
     monkeypatch.setattr(nativeconv, "MIN_FLOPS_PER_BAND", 1)  # bands even for these small convs
     check_conv("flat", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, isa, acts=(None, "silu", "clip"))
+
+
+EMPTY_CONVS = [  # no output column / row: ONNX allows it (onnx's reference evaluator: an empty array)
+    ((1, 16, 12, 6), (16, 16, 6, 6), {"strides": [4, 1], "dilations": [1, 2], "pads": [0, 2, 0, 2]}),
+    ((2, 16, 14, 4), (10, 8, 6, 2), {"group": 2, "strides": [4, 3], "dilations": [4, 3], "pads": [3, 1, 1, 3]}),
+]
+
+
+@pytest.mark.parametrize("algo", [None, "direct", "flat", "gemm"])
+@pytest.mark.parametrize("case", range(len(EMPTY_CONVS)))
+def test_conv_with_an_empty_output_returns_it(case, algo, rng):
+    """The kernels fuzz target found both: the C kernels divide by Ho*Wo (a SIGFPE), so nothing
+    reaches them; the reference's tap slices were not empty for an empty axis (a ValueError)."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+    xs, ws, a = EMPTY_CONVS[case]
+    x, w = nonzero_normal(rng, xs), nonzero_normal(rng, ws)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=list(ws[2:]), **a)
+    oracle = ReferenceEvaluator(node).run(None, {"x": x, "w": w})[0].shape
+    assert 0 in oracle
+    assert KERNELS["conv"](x, w, None, **_attrs(a)).shape == oracle
+    if a.get("group", 1) == 1 or algo in (None, "direct"):
+        assert nativeconv.conv2d(x, w, None, _attrs(a), None, None, 1, {}, algo=algo).shape == oracle
 
 
 def test_flat_plan_is_rebuilt_for_other_attributes(rng):

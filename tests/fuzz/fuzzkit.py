@@ -26,6 +26,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -141,6 +142,8 @@ def run_target(module: str, n: int | None = None, timeout_s: float | None = None
     n = CASES if n is None else n
     timeout_s = timeout_s or max(600.0, n * 0.5)
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    last = Path(tempfile.mkdtemp(prefix="npurun-fuzz-last-")) / f"{module}.npz"
+    env["NPURUN_FUZZ_LAST"] = str(last)  # a target that can crash the process keeps its case here
     cmd = [sys.executable, str(HERE / "fuzzkit.py"), module, str(n)]
     try:
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
@@ -150,6 +153,8 @@ def run_target(module: str, n: int | None = None, timeout_s: float | None = None
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(MARK)]
     if p.returncode != 0 or not lines:
         how = f"signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}"
+        if p.returncode < 0 and last.exists():
+            how += f"; the case it was running is kept in {last}"
         raise CaseFailure(f"{module}: the fuzz child ended with {how}\n--- stdout\n{_tail(p.stdout)}\n"
                           f"--- stderr\n{_tail(p.stderr)}")
     figures = json.loads(lines[-1][len(MARK):])

@@ -46,7 +46,8 @@ def _window_pads(x_shape, kernel_shape, strides, dilations, pads, auto_pad, ceil
 def _taps(xp, kernel_shape, strides, dilations, out):
     """Yield (tap index, strided view of the padded input for that tap): x is (N, C, *S)."""
     for tap in itertools.product(*[range(k) for k in kernel_shape]):
-        idx = tuple(slice(t * d, t * d + (o - 1) * s + 1, s)
+        # (an empty output axis takes an empty slice: (o - 1) * s + 1 would not be empty)
+        idx = tuple(slice(t * d, t * d + (o - 1) * s + 1 if o > 0 else t * d, s)
                     for t, d, s, o in zip(tap, dilations, strides, out))
         yield tap, xp[(slice(None), slice(None)) + idx]
 
@@ -69,7 +70,7 @@ def conv(x, w, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pa
     y = np.zeros((n, g, m // g, math.prod(out)), dtype=acc)
     wg = w.astype(acc, copy=False).reshape(g, m // g, c // g, *w.shape[2:])
     for tap, xs in _taps(xp, ks, strides, dilations, out):
-        y += wg[(slice(None),) * 3 + tap] @ xs.reshape(n, g, c // g, -1)
+        y += wg[(slice(None),) * 3 + tap] @ xs.reshape(n, g, c // g, math.prod(out))
     y = y.reshape(n, m, *out)
     if b is not None:
         y += b.astype(acc, copy=False).reshape((1, m) + (1,) * len(out))
