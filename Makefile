@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test test-all bench fuzz soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,16 @@ test: $(VENV)/.installed-test
 
 test-all: $(VENV)/.installed-corpus
 	$(BIN)/python -m pytest -q
+
+# Issue P's long runs (their short forms are in `make test`): 10,000 cases per fuzz target,
+# the server soak for 10 minutes. Figures: the run's summary and out/*-figures.jsonl.
+fuzz: $(VENV)/.installed-test
+	@mkdir -p out
+	NPURUN_FUZZ_CASES=10000 NPURUN_FUZZ_FIGURES=out/fuzz-figures.jsonl $(BIN)/python -m pytest tests/fuzz -m fuzz -q -o timeout=7200
+
+soak: $(VENV)/.installed-test
+	@mkdir -p out
+	NPURUN_SOAK_S=600 NPURUN_SOAK_FIGURES=out/soak-figures.jsonl $(BIN)/python -m pytest tests/soak -m soak -q -o timeout=1500
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/espcn_4k.py

