@@ -20,7 +20,10 @@ from ..ir.graph import Graph
 from ..ir.ops import OPS
 from ..ir.shapes import bind, format_shape
 
-Progress = Callable[[int, int, str], None]  # (nodes done, nodes in all, node label)
+# (nodes done, nodes in all, node label); nodes done is None inside a control-flow node (after
+# each step of a Loop/Scan/If body), where only a stop (timeout, cancellation) can happen: a
+# Loop of 10^12 trips must still end at its run's timeout.
+Progress = Callable[[int | None, int, str], None]
 
 
 class Step(NamedTuple):
@@ -208,15 +211,17 @@ class Program:
             self._checked[sig] = True
         return out
 
-    def call(self, inputs: list, outer: dict) -> list:
-        """Run this program as a region: positional inputs, captures read from `outer`."""
+    def call(self, inputs: list, outer: dict, progress: Progress | None = None,
+             attention: list | None = None) -> list:
+        """Run this program as a region: positional inputs, captures read from `outer`;
+        `progress` (the enclosing run's) is told after each step, as inside a node."""
         # consts first, as one copy of the dict (silero's branches hold ~50: inserting them
         # one by one into a fresh dict resized it four times a call); captured names are
         # never consts (see __init__), so the order does not change what a name holds
         env = self.consts.copy()
         env.update({nm: outer[nm] for nm in self.captured if nm in outer})
         env.update(zip(self.graph.inputs, inputs))
-        self._execute(env, None)
+        self._execute(env, None if progress is None else (lambda i, n, label: progress(None, n, label)), attention)
         return [env[nm] for nm in self.graph.outputs]
 
     def _plan_steps(self) -> list:
@@ -258,9 +263,10 @@ class Program:
                         res = fn(*map(get, ins), **attrs)
                     elif kind == _IF:
                         c = env[ins[0]]
-                        res = tuple(subs["then_branch" if bool(np.asarray(c).reshape(-1)[0]) else "else_branch"].call([], env))
+                        res = tuple(subs["then_branch" if bool(np.asarray(c).reshape(-1)[0]) else "else_branch"]
+                                    .call([], env, progress, attention))
                     else:
-                        regions = {k: (lambda xs, p=p: p.call(xs, env)) for k, p in subs.items()}
+                        regions = {k: (lambda xs, p=p: p.call(xs, env, progress, attention)) for k, p in subs.items()}
                         res = fn(*map(get, ins), **attrs, _regions=regions)
                 except NpurunError:
                     raise

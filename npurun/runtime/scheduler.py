@@ -512,7 +512,13 @@ class Scheduler:
         task.finished.set()
 
     def _boundary(self, task: Task, step: int, label: str):
-        """Called by the Program after each step: account, then keep the unit or wait."""
+        """Called by the Program after each step: account, then keep the unit or wait. `step`
+        None: inside a control-flow node (a body's step), where only a stop is checked."""
+        if step is None:
+            err = self._check_stop(task, self.clock())
+            if err is not None:
+                raise err
+            return
         if task.user_progress:
             task.user_progress(step, task.steps_total, label)
         m = task.step_macs[step - 1] if step - 1 < len(task.step_macs) else 0

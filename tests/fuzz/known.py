@@ -6,31 +6,10 @@ fixed its xfail test starts passing, which fails the suite (strict) until the en
 the xfail mark are removed."""
 from __future__ import annotations
 
-import traceback
-
-
-def _frames(e: BaseException) -> list[tuple[str, str]]:
-    """(file, function) of every frame the exception (and its causes) passed through."""
-    out, seen = [], set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        out += [(f.filename.replace("\\\\", "/"), f.name) for f in traceback.extract_tb(e.__traceback__)]
-        e = e.__cause__ or e.__context__
-    return out
-
-
-def _hang_in_control_flow(e) -> bool:
-    # L1: a Loop/Scan body runs with no slice boundary, so the run's timeout never fires
-    from fuzzkit import CaseHang
-    return isinstance(e, CaseHang) and any(f.endswith("reference/kernels/control.py") and fn in ("loop", "scan")
-                                           for f, fn in _frames(e))
-
 
 # id -> (what, the xfail test that reproduces it, predicate on the case's exception)
-BUGS = {
-    "L1": ("a Loop or Scan with a huge trip count ignores the run's timeout and cancellation",
-           "tests/fuzz/test_fuzz_onnx.py::test_loop_honours_the_run_timeout", _hang_in_control_flow),
-}
+# (none open: L1, a Loop ignoring its run's timeout, L2 and L3, conv hangs and SIGFPE, are fixed)
+BUGS: dict = {}
 
 
 def classify(e: BaseException) -> str | None:
