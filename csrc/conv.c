@@ -258,26 +258,38 @@ int name(const float *x, int C, int H, int W, const float *wp, const float *bias
 CONV_MT(npr_conv2d_avx2_mt, npr_conv2d_avx2)
 CONV_MT(npr_conv2d_avx512_mt, npr_conv2d_avx512)
 
+typedef int (*dw_fn)(const float *, int, int, int, const float *, const float *, int, int, int, int, int,
+                     int, int, int, int, float, float, float *, int, int, int, int);
+int npr_dwconv2d_cl(const float *x, int C, int H, int W, const float *w, const float *bias,
+                    int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
+                    int act, float alpha, float beta, float *y, int Ho, int Wo, int c0, int c1);
+
 typedef struct {
-    const float *x; int C, H, W; const float *w, *bias; int kh, kw, sh, sw, dh, dw, pt, pl;
-    int act; float alpha, beta; float *y; int Ho, Wo, chunks; atomic_int rc;
+    dw_fn fn; const float *x; int C, H, W; const float *w, *bias; int kh, kw, sh, sw, dh, dw, pt, pl;
+    int act; float alpha, beta; float *y; int Ho, Wo, chunks, align; atomic_int rc;
 } dw_job;
 
 static void dw_chunk(void *ctx, int i)
 {
     dw_job *j = ctx;
-    int a = (int)par_at(0, j->C, i, j->chunks), b = (int)par_at(0, j->C, i + 1, j->chunks);
-    if (b > a && npr_dwconv2d(j->x, j->C, j->H, j->W, j->w, j->bias, j->kh, j->kw, j->sh, j->sw, j->dh,
-                              j->dw, j->pt, j->pl, j->act, j->alpha, j->beta, j->y, j->Ho, j->Wo, a, b))
+    /* channel bands; the lanes kernel's in whole blocks of 8 where it can */
+    long n = (j->C + j->align - 1) / j->align;
+    int a = (int)(par_at(0, n, i, j->chunks) * j->align), b = (int)(par_at(0, n, i + 1, j->chunks) * j->align);
+    if (b > j->C) b = j->C;
+    if (b > a && j->fn(j->x, j->C, j->H, j->W, j->w, j->bias, j->kh, j->kw, j->sh, j->sw, j->dh,
+                       j->dw, j->pt, j->pl, j->act, j->alpha, j->beta, j->y, j->Ho, j->Wo, a, b))
         atomic_store(&j->rc, -1);
 }
 
-/* One image of a depthwise conv, its channels in `chunks` bands. */
+/* One image of a depthwise conv, its channels in `chunks` bands; lanes: the channels-in-lanes
+ * kernel of dwconv_cl.c (nativeconv.dw_lanes_chosen), else the per-channel one above. */
 int npr_dwconv2d_mt(const float *x, int C, int H, int W, const float *w, const float *bias,
                     int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
-                    int act, float alpha, float beta, float *y, int Ho, int Wo, int threads, int chunks)
+                    int act, float alpha, float beta, float *y, int Ho, int Wo, int threads, int chunks,
+                    int lanes)
 {
-    dw_job j = {x, C, H, W, w, bias, kh, kw, sh, sw, dh, dw, pt, pl, act, alpha, beta, y, Ho, Wo, chunks, 0};
+    dw_job j = {lanes ? npr_dwconv2d_cl : npr_dwconv2d, x, C, H, W, w, bias, kh, kw, sh, sw, dh, dw, pt, pl,
+                act, alpha, beta, y, Ho, Wo, chunks, lanes ? 8 : 1, 0};
     par_run(dw_chunk, &j, chunks, threads);
     return atomic_load(&j.rc);
 }

@@ -90,6 +90,29 @@ def test_native_conv_matches_reference(case, threads, isa, rng, monkeypatch):
     check_conv("direct", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, isa)
 
 
+DEPTHWISE = [i for i, (xs, ws, a) in enumerate(CONVS) if a.get("group", 1) == xs[1] == ws[0] and ws[1] == 1]
+DW_LANES = [  # blocks of 8 channels and a ragged one, 1-wide to 28-wide maps, strides 1-3
+    ((1, 24, 7, 7), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1]}),
+    ((2, 13, 14, 14), (13, 1, 5, 5), {"group": 13, "pads": [2, 2, 2, 2], "strides": [2, 2]}),
+    ((1, 9, 28, 9), (9, 1, 7, 7), {"group": 9, "pads": [3, 3, 3, 3]}),
+    ((1, 16, 1, 1), (16, 1, 3, 3), {"group": 16, "pads": [1, 1, 1, 1]}),
+    ((1, 40, 11, 6), (40, 1, 3, 3), {"group": 40, "pads": [0, 1, 1, 0], "strides": [3, 2], "dilations": [1, 2]}),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", [("corpus", i) for i in DEPTHWISE] + [("lanes", i) for i in range(len(DW_LANES))])
+def test_depthwise_with_channels_in_lanes_matches_reference(case, threads, rng, monkeypatch):
+    """dwconv_cl.c, forced: 8 channels a vector, the input transposed into a padded
+    [H][W][8] buffer, eight output pixels at a time, bias and activation in the store."""
+    xs, ws, a = (CONVS if case[0] == "corpus" else DW_LANES)[case[1]]
+    x = nonzero_normal(rng, xs)
+    w = nonzero_normal(rng, ws) * 0.3
+    b = nonzero_normal(rng, ws[:1])
+    monkeypatch.setattr(nativeconv, "MIN_FLOPS_PER_BAND", 1)  # channel bands on the pool even here
+    check_conv("dw_lanes", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, None)
+
+
 FLAT_CONVS = [c for c in CONVS if c[2].get("group", 1) == 1] + [  # + YOLOv8n-like small images
     ((1, 24, 20, 20), (21, 24, 3, 3), {"pads": [1, 1, 1, 1]}),                    # many tiles, M % 8 != 0
     ((1, 9, 10, 10), (17, 9, 1, 1), {}),                                           # 1x1: ragged last tile

@@ -53,8 +53,9 @@ def pack(w: np.ndarray, b: np.ndarray | None, group: int, mr: int = MR):
 
 def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None = None,
            algo: str | None = None):
-    """algo: None picks by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen; "direct",
-    "winograd", "flat", "gemm" or "smallc" forces one (tests)."""
+    """algo: None picks by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen /
+    dw_lanes_chosen; "direct", "winograd", "flat", "gemm", "smallc", "dw_lanes" (depthwise with
+    the channels in the lanes; "direct" is the per-channel one) forces one (tests, benches)."""
     x = np.ascontiguousarray(x)  # the kernels index a dense (N, C, H, W) block; a view may be strided
     # A node's conv_gemm.c call, once planned for an input shape, skips the rule and the
     # argument set-up (~8 us a call; YOLOv8n runs 63 convs). The cache belongs to one weight
@@ -81,18 +82,20 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
             cache["dw"] = (np.ascontiguousarray(w.reshape(c, kh * kw)),
                            np.ascontiguousarray(b, np.float32) if b is not None else np.zeros(c, np.float32))
         wdw, bdw = cache["dw"]
+        lanes = (algo == "dw_lanes" or algo is None and dw_lanes_chosen(c, wo, sw)) and min(begin) >= 0
         bands = _bands(c, threads, flops)
         if threads > 1 and len(bands) > 1:  # channel bands on par.h's spinning pool
             for i in range(n):
                 _check(LIB.npr_dwconv2d_mt(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo,
-                                           code, alpha, beta, ptr(y[i]), ho, wo, threads, len(bands)))
+                                           code, alpha, beta, ptr(y[i]), ho, wo, threads, len(bands), int(lanes)))
             return y
         jobs = [(i, c0, c1) for i in range(n) for c0, c1 in bands]
+        dw_kernel = LIB.npr_dwconv2d_cl if lanes else LIB.npr_dwconv2d
 
         def run_dw(job):
             i, c0, c1 = job
-            _check(LIB.npr_dwconv2d(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo,
-                                    code, alpha, beta, ptr(y[i]), ho, wo, c0, c1))
+            _check(dw_kernel(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo,
+                             code, alpha, beta, ptr(y[i]), ho, wo, c0, c1))
         _run(run_dw, jobs)
         return y
     if algo is None and threads == 1 and blas_pointwise(c, m, group, geo, ho, wo):
@@ -180,6 +183,18 @@ def _wide_groups(x, w, b, attrs, act, act_attrs, threads, cache, isa, y):
 
 FLAT_MAX_PIXELS = 160 * 160  # bigger outputs keep the implicit GEMM / Winograd (ESPCN's tuning)
 FLAT_SPLIT_M = 400  # threads split the output channels at most this many output pixels
+
+
+def dw_lanes_chosen(c: int, wo: int, sw: int) -> bool:
+    """Depthwise convs with the channels in the lanes (dwconv_cl.c) where a row of the
+    output is short (<= 28) or strided; at least one block of 8 channels. `python
+    bench/dwconv.py`, 1 thread (AVX-512 machine, both kernels AVX2): lanes 0.55-0.75x the
+    per-channel kernel's time on the 28x28..7x7 and stride-2 shapes of MobileNetV2/V3,
+    EfficientNet and ConvNeXt (3x3 to 7x7), a tie at 56x56 stride 1, 1.2x slower at 112x112
+    stride 1 (a 112-float row fills the per-channel kernel's strips). On whole models
+    (alternating, same process): MobileNetV2 0.84-0.90x, EfficientNet-B0 0.75x, NASNet-mobile
+    0.89x, PP-LCNet 0.90x, ConvNeXt-T and YOLOv8n unchanged."""
+    return c >= 8 and (wo <= 28 or sw > 1)
 
 
 def flat_chosen(c: int, m: int, group: int, geo: tuple, ho: int, wo: int, isa: str, threads: int = 1) -> bool:

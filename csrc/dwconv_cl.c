@@ -1,0 +1,137 @@
+/* Depthwise conv with the channels in the vector lanes (AVX2 + FMA), for the maps where the
+ * per-channel kernel of conv.c (one channel's row in the lanes) runs short: 28x28 and smaller,
+ * and every stride-2 conv (MobileNet/EfficientNet/PP-LCNet's last stages: 2-4x ONNX Runtime's
+ * time there, since a 7- or 14-wide row fills one or two 8-float strips and each channel pays
+ * its own copy, memsets and weight broadcasts).
+ *
+ * Blocks of 8 channels: the block's input is transposed, 8x8 tiles at a time, into a
+ * zero-padded buffer [Hp][Wp][8] (a pixel's 8 channels contiguous); every output pixel is then
+ * kh*kw FMAs of one vector of weights by one vector of inputs, whatever the stride or width
+ * (a strided tap is just another pixel offset), 8 pixels at once for independent chains; the
+ * bias and activation are applied before the store to a [Ho*Wo][8] tile, which is transposed
+ * back into the block's 8 output planes. The rule that picks it: npr_dwconv2d (conv.c). */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <string.h>
+#include "act.h"
+
+/* 8 rows of 8 floats (r[i] = row i) transposed in registers: r[i][j] <- r[j][i]. */
+static inline void transpose8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20); r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20); r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31); r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+static inline __m256i first(int k)  /* lanes [0, k) set */
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* dst[p*8 + l] = src[l][p] for p in [0, n), l in [0, nl) (lanes >= nl: 0); src[l] = row l.
+ * 8x8 tiles through the registers, the last (n % 8 pixels) with masked loads. */
+static void interleave(float *dst, const float *const src[8], int nl, long n)
+{
+    for (long p = 0; p < n; p += 8) {
+        int k = n - p < 8 ? (int)(n - p) : 8;
+        __m256i m = first(k);
+        __m256 r[8];
+        for (int l = 0; l < 8; l++)
+            r[l] = l >= nl ? _mm256_setzero_ps() : k == 8 ? _mm256_loadu_ps(src[l] + p) : _mm256_maskload_ps(src[l] + p, m);
+        transpose8(r);
+        for (int q = 0; q < k; q++) _mm256_storeu_ps(dst + (p + q) * 8, r[q]);
+    }
+}
+
+/* dst[l][p] = src[p*8 + l] for p in [0, n), l in [0, nl). */
+static void deinterleave(float *const dst[8], const float *src, int nl, long n)
+{
+    for (long p = 0; p < n; p += 8) {
+        int k = n - p < 8 ? (int)(n - p) : 8;
+        __m256i m = first(k);
+        __m256 r[8];
+        for (int q = 0; q < 8; q++) r[q] = q < k ? _mm256_loadu_ps(src + (p + q) * 8) : _mm256_setzero_ps();
+        transpose8(r);
+        for (int l = 0; l < nl; l++) {
+            if (k == 8) _mm256_storeu_ps(dst[l] + p, r[l]);
+            else _mm256_maskstore_ps(dst[l] + p, m, r[l]);
+        }
+    }
+}
+
+int npr_dwconv2d_cl(const float *x, int C, int H, int W, const float *w, const float *bias,
+                    int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
+                    int act, float alpha, float beta, float *y, int Ho, int Wo, int c0, int c1)
+{
+    (void)C;
+    int Hp = (Ho - 1) * sh + (kh - 1) * dh + 1, Wp = (Wo - 1) * sw + (kw - 1) * dw + 1;
+    if (Wp < pl + W) Wp = pl + W;  /* (the copy writes whole input rows) */
+    if (Hp < pt + H) Hp = pt + H;
+    int taps = kh * kw;
+    long npix = (long)Ho * Wo;
+    float *buf = aligned_alloc(32, sizeof(float) * 8 * ((size_t)Hp * Wp + npix + 8));
+    __m256 *wv = aligned_alloc(32, sizeof(__m256) * (size_t)taps);
+    long *off = malloc(sizeof(long) * (size_t)(taps + npix));
+    if (!buf || !wv || !off) { free(buf); free(wv); free(off); return -1; }
+    long *poff = off + taps;  /* output pixel -> its window's first float in buf */
+    for (long i = 0; i < npix; i++) poff[i] = ((i / Wo) * sh * (long)Wp + (i % Wo) * sw) * 8;
+    float *out = buf + 8 * (size_t)Hp * Wp;
+    for (int ky = 0; ky < kh; ky++)
+        for (int kx = 0; kx < kw; kx++) off[ky * kw + kx] = ((long)ky * dh * Wp + (long)kx * dw) * 8;
+    __m256 al = _mm256_set1_ps(alpha), be = _mm256_set1_ps(beta);
+    for (int cb = c0; cb < c1; cb += 8) {
+        int nl = c1 - cb < 8 ? c1 - cb : 8;
+        /* the padded, interleaved input: the pad rows and columns zero, each input row a run */
+        memset(buf, 0, sizeof(float) * 8 * (size_t)pt * Wp);
+        for (int iy = 0; iy < H; iy++) {
+            float *row = buf + 8 * ((size_t)(iy + pt) * Wp);
+            memset(row, 0, sizeof(float) * 8 * pl);
+            const float *src[8];
+            for (int l = 0; l < 8; l++) src[l] = x + ((long)(cb + (l < nl ? l : 0)) * H + iy) * W;
+            interleave(row + 8 * pl, src, nl, W);
+            memset(row + 8 * (pl + W), 0, sizeof(float) * 8 * (Wp - pl - W));
+        }
+        memset(buf + 8 * ((size_t)(pt + H) * Wp), 0, sizeof(float) * 8 * (size_t)(Hp - pt - H) * Wp);
+        for (int t = 0; t < taps; t++) {
+            float v[8];
+            for (int l = 0; l < 8; l++) v[l] = l < nl ? w[(long)(cb + l) * taps + t] : 0.0f;
+            wv[t] = _mm256_loadu_ps(v);
+        }
+        float bv[8];
+        for (int l = 0; l < 8; l++) bv[l] = bias && l < nl ? bias[cb + l] : 0.0f;
+        __m256 b0 = _mm256_loadu_ps(bv);
+        /* output pixels in flattened order, eight at a time whatever the row length (a 7x7 map
+         * is six groups and one pixel, not seven rows of 4 + 3) */
+        long p = 0;
+        for (; p + 8 <= npix; p += 8) {
+            __m256 a[8];
+            for (int u = 0; u < 8; u++) a[u] = b0;
+            for (int t = 0; t < taps; t++) {
+                const float *q = buf + off[t];
+                for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(wv[t], _mm256_load_ps(q + poff[p + u]), a[u]);
+            }
+            for (int u = 0; u < 8; u++) _mm256_store_ps(out + 8 * (p + u), npr_act(a[u], act, al, be));
+        }
+        for (; p < npix; p++) {
+            __m256 a0 = b0;
+            for (int t = 0; t < taps; t++) a0 = _mm256_fmadd_ps(wv[t], _mm256_load_ps(buf + off[t] + poff[p]), a0);
+            _mm256_store_ps(out + 8 * p, npr_act(a0, act, al, be));
+        }
+        float *dst[8];
+        for (int l = 0; l < 8; l++) dst[l] = y + (long)(cb + (l < nl ? l : 0)) * npix;
+        deinterleave(dst, out, nl, npix);
+    }
+    free(off);
+    free(wv);
+    free(buf);
+    return 0;
+}
