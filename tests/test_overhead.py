@@ -127,9 +127,9 @@ def test_values_are_freed_after_their_last_reader(rng):
     live = []  # the run's value names when the `if` starts
     real = prog.subprograms[id(_if_step(prog)[0])]["then_branch"].call
 
-    def spy(inputs, outer):
+    def spy(inputs, outer, *rest):
         live.append(set(outer))
-        return real(inputs, outer)
+        return real(inputs, outer, *rest)
     prog.subprograms[id(_if_step(prog)[0])]["then_branch"].call = spy
     prog.run(_feeds(rng, True))
     # h was last read by `shape` and the identity: gone; h2 (captured by the branch) still there.
