@@ -95,6 +95,10 @@ def _pid_rss_mb(pid):
     raise AssertionError("no VmRSS")
 
 
+def _pid_threads(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
 def _pid_shm_maps(pid):
     return sorted({ln.split()[-1] for ln in Path(f"/proc/{pid}/maps").read_text().splitlines()
                    if "/dev/shm/" in ln})
@@ -310,9 +314,11 @@ def test_soak(tmp_path):
         time.sleep(WARMUP_S)
         rss0, fds0 = _pid_rss_mb(p.pid), _pid_fds(p.pid)
         trend = [round(rss0)]  # RSS every tenth of the soak after warm-up: growth vs a plateau
+        threads_trend = [_pid_threads(p.pid)]
         while time.monotonic() - t0 < SOAK_S:
             time.sleep(min((SOAK_S - WARMUP_S) / 10, max(0.0, SOAK_S - (time.monotonic() - t0))))
             trend.append(round(_pid_rss_mb(p.pid)))
+            threads_trend.append(_pid_threads(p.pid))
         stop.set()
         for t in threads:
             t.join(60)
@@ -349,12 +355,12 @@ def test_soak(tmp_path):
            "kinds": dict(tally.by_kind), "client_saw": {str(k): v for k, v in sorted(tally.seen.items())},
            "client_left": sum(tally.left.values()), "server_counted": sum(req.values()),
            "server_failures": {str(k): v for k, v in sorted(fail.items())},
-           "rss_warm_mb": round(rss0, 1), "rss_end_mb": round(rss1, 1), "rss_trend_mb": trend, "fds_warm": fds0, "fds_end": fds1}
+           "rss_warm_mb": round(rss0, 1), "rss_end_mb": round(rss1, 1), "rss_trend_mb": trend, "threads_trend": threads_trend, "fds_warm": fds0, "fds_end": fds1}
     SUMMARY.append(f"soak: {elapsed:.0f} s, {CLIENTS} clients, {tally.sent} requests ({ok} 2xx; "
                    + ", ".join(f"{k} {v}" for k, v in sorted(tally.seen.items()) if k != 200)
                    + f"; {fig['client_left']} clients left mid-request); server counted {sum(req.values())}, "
                    f"failures {dict(sorted(fail.items()))}; RSS {rss0:.0f} -> {rss1:.0f} MB after warm-up "
-                   f"({' '.join(map(str, trend))}); "
+                   f"({' '.join(map(str, trend))}); threads {' '.join(map(str, threads_trend))}; "
                    f"fds {fds0} -> {fds1}")
     if os.environ.get("NPURUN_SOAK_FIGURES"):
         with open(os.environ["NPURUN_SOAK_FIGURES"], "a") as f:
