@@ -23,7 +23,7 @@ CASES = Path(__file__).parent / "passes"
 PASSES = ["eliminate_dead_code", "simplify_shapes", "remove_noops", "fold_batchnorm", "fuse_ops",
           "layout_block4x4", "layout_nchwc", "fold_affine", "fuse_hard_swish", "fuse_swish", "fuse_gelu",
           "fuse_activation", "fuse_masked_softmax", "fuse_matmul_add", "sink_gather", "fuse_affine_chain",
-          "fuse_pad", "push_transposes", "fuse_layer_norm"]
+          "fuse_pad", "push_transposes", "fuse_layer_norm", "batch_shared_weights"]
 ESPCN = Path(npurun.__file__).parent / "zoo" / "espcn_x3.onnx"
 
 
@@ -217,3 +217,26 @@ output y: [4] f32 DRAM0
     exe = npurun.Executor("cpu")
     x = np.ones(4, np.float32)
     assert not np.array_equal(exe.run_sync(g, {"x": x})["r"], exe.run_sync(g, {"x": x})["r"])
+
+
+def test_batch_shared_weights_with_symbolic_rows(rng):
+    """Products whose rows are a symbolic dim stack when all have the same one (split back into
+    equal parts); a product whose input comes from another's output stays apart."""
+    from npurun.passes.batch_shared_weights import batch_shared_weights
+    g = verify(parse("""npuir 1
+graph g
+input x0: [batch, 4] f32 DRAM0
+input x1: [batch, 4] f32 DRAM0
+const w: [4, 4] f32 DRAM0 = [0.5, -0.25, 1.0, 0.75, -1.5, 0.125, 0.5, -0.5, 0.25, 1.25, -0.75, 0.375, 1, 2, 3, 4]
+op matmul @m0 (x0: [batch, 4] f32 DRAM0, w: [4, 4] f32 DRAM0 -> y0: [batch, 4] f32 DRAM0)
+op matmul @m1 (x1: [batch, 4] f32 DRAM0, w: [4, 4] f32 DRAM0 -> y1: [batch, 4] f32 DRAM0)
+op matmul @m2 (y0: [batch, 4] f32 DRAM0, w: [4, 4] f32 DRAM0 -> y2: [batch, 4] f32 DRAM0)
+op add @s (y1: [batch, 4] f32 DRAM0, y2: [batch, 4] f32 DRAM0 -> z: [batch, 4] f32 DRAM0)
+output z: [batch, 4] f32 DRAM0
+"""))
+    feeds = _feeds(g, rng)
+    want = _run(g, feeds)
+    g2 = verify(batch_shared_weights(g))
+    ops = [n.op for n in g2.nodes]
+    assert ops.count("matmul") == 2 and "concat" in ops and "split" in ops, ops  # m0+m1 stacked, m2 apart
+    _assert_same(want, _run(g2, feeds), 1e-6)

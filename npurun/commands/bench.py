@@ -55,10 +55,12 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-# Pause after every timed call: ONNX Runtime's worker threads keep spinning for ~15-20 ms after
-# a run (npurun's conv pool for 0.3 ms), and on a 2-core machine the next runtime's call
-# would otherwise start with a core taken by the previous one's spinners.
-SETTLE_S = 0.03
+# Pause after every timed call: ONNX Runtime's worker threads keep spinning after a run
+# (npurun's conv pool for 0.3 ms), and on a 2-core machine the next runtime's call would
+# otherwise start with a core taken by the previous one's spinners. 30 ms was not enough for
+# a 2-thread ORT session: npurun's 2-thread MobileNetV2 (Keras) took 21-25 ms run 30 ms after
+# an ORT run, 12-13 ms after 60 or 100 ms, 12.1 ms with no ORT run between (2026-12-01).
+SETTLE_S = 0.1
 
 
 def alternate(runners: dict, seconds: float, min_runs: int, settle_s: float = SETTLE_S) -> dict[str, list[float]]:

@@ -21,6 +21,7 @@ from typing import Callable
 from ..errors import NpurunError, PassError, VerifyError
 from ..ir.graph import Graph
 from ..ir.verify import verify
+from .batch_shared_weights import batch_shared_weights
 from .eliminate_dead_code import eliminate_dead_code
 from .fold_affine import fold_affine
 from .fold_batchnorm import fold_batchnorm
@@ -57,8 +58,8 @@ STANDARD: list[Pass] = [fold_constants, simplify_shapes, fold_constants, remove_
 # fusion, the softmax's mask add before the matmul adds (which would take it otherwise), the
 # scalar affine runs last (they take what the others left).
 CPU_LOWERING: list[Pass] = [fold_affine, fuse_layer_norm, fuse_hard_swish, fuse_swish, fuse_gelu, fuse_activation,
-                            fuse_masked_softmax, fuse_matmul_add, sink_gather, fuse_affine_chain,
-                            eliminate_dead_code]
+                            fuse_masked_softmax, fuse_matmul_add, batch_shared_weights, sink_gather,
+                            fuse_affine_chain, eliminate_dead_code]
 PIPELINES: dict[str, list[Pass]] = {
     "default": STANDARD,
     # The oracle runs a graph as it is written: a pass that broke a model must not break the
