@@ -45,7 +45,10 @@ def read_image(path: str | os.PathLike) -> Image.Image:
         # Pillow only warns between MAX_IMAGE_PIXELS and twice that; npurun refuses there too.
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(path)
+            # From memory, not the file: a corrupt chunk length (a PNG IDAT claiming 2 GB) makes
+            # Pillow read() that many bytes, which a file object allocates up front (a
+            # MemoryError, found by tests/fuzz) and BytesIO does not.
+            img = Image.open(io.BytesIO(path.read_bytes()))
             img.load()
     except UnidentifiedImageError:
         raise InputError(f"{path}: not an image (Pillow cannot identify its format)") from None

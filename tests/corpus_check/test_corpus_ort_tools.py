@@ -8,8 +8,8 @@ ONNX Runtime on the same file.
 tests/models/test_ort_tools.py covers each tool's ops on small models in the default suite;
 this is the same check on every real architecture, slow (it rewrites ~80 models), run by
 `make test-all`. A tool that leaves a model unchanged still passes through npurun (the check
-is that npurun runs what the tool wrote), and a tool that refuses a model fails the test: it
-is never skipped.
+is that npurun runs what the tool wrote); a model ONNX Runtime's quantizer refuses is an
+xfail naming the tool's error (there is nothing for npurun to run), never a skip.
 """
 import sys
 import warnings
@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.models]
 # range, and must agree at least this well (ORT against itself at 1 vs 2 threads differs by up
 # to ~1% on the deepest corpus models).
 QUANT_REL = 0.05
+SPEC_FACTOR = 2.0
 
 
 def _ort_run(path, feeds):
@@ -72,7 +73,24 @@ def _contrib_ops(path):
     return sorted({n.op_type for n in m.graph.node if n.domain == "com.microsoft"})
 
 
-def _compare(got, want, name, quantized):
+def _spec_error(path, feeds, want) -> list[float]:
+    """How far onnx's own reference evaluator (the spec, in NumPy) lands from ORT on each
+    output: on a deep network after dynamic quantization, three faithful implementations
+    differ by more than any fixed share of the range (BiT-R50: ORT vs onnx's evaluator 20% of
+    the output range, npurun 10%), since one activation rounded the other way at a tie moves
+    every later per-tensor scale and GroupNorm renormalizes the difference."""
+    from onnx.reference import ReferenceEvaluator
+    ref = ReferenceEvaluator(str(path)).run(None, feeds)
+    return [float(np.abs(np.asarray(r, np.float64) - w).max()) if w.size else 0.0 for r, w in zip(ref, want)]
+
+
+def _compare(got, want, name, quantized, spec_error=None):
+    """quantized: within QUANT_REL of the output's range, or else within SPEC_FACTOR times
+    the distance from ORT of onnx's reference evaluator (`spec_error()`, computed only then:
+    it is slow). The factor: npurun's reference backend lands where onnx's evaluator does
+    (CvT-13: 0.00817 both), the cpu backend's float kernels (GELU, LayerNorm, softmax) are
+    not NumPy's bit for bit, and the quantization amplifies that as it does any rounding
+    (CvT-13 on cpu: 0.0145)."""
     assert len(got) == len(want), name
     for i, (a, b) in enumerate(zip(got, want)):
         what = f"{name} output {i}"
@@ -82,7 +100,11 @@ def _compare(got, want, name, quantized):
         elif quantized:
             span = float(np.ptp(b)) if b.size else 0.0
             err = float(np.abs(a.astype(np.float64) - b).max()) if b.size else 0.0
-            assert err <= QUANT_REL * max(span, 1e-6), f"{what}: max error {err:.3g} > {QUANT_REL} x range {span:.3g}"
+            if err > QUANT_REL * max(span, 1e-6):
+                ref_err = spec_error()[i] if spec_error else 0.0
+                assert err <= SPEC_FACTOR * ref_err, (
+                    f"{what}: max error {err:.3g} > {QUANT_REL} x range {span:.3g}, and more than "
+                    f"{SPEC_FACTOR} x as far from ORT as onnx's reference evaluator ({ref_err:.3g})")
         else:
             scale = max(1.0, float(np.abs(b).max()) if b.size else 1.0)
             np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-4 * scale, err_msg=what)
@@ -94,9 +116,15 @@ def test_session_optimized_then_dynamically_quantized(spec, tmp_path):
     opt = _session_optimized(corpus.path(spec.name), tmp_path / "optimized.onnx")
     _compare(_npurun_run(opt, feeds), _ort_run(opt, feeds), f"{spec.name} (session-optimized, "
              f"contrib {_contrib_ops(opt)})", quantized=False)
-    q = _quantized(corpus.path(spec.name), tmp_path / "quantized.onnx")
-    _compare(_npurun_run(q, feeds), _ort_run(q, feeds), f"{spec.name} (quantize_dynamic, "
-             f"contrib {_contrib_ops(q)})", quantized=True)
+    try:
+        q = _quantized(corpus.path(spec.name), tmp_path / "quantized.onnx")
+    except (ValueError, RuntimeError) as e:  # the tool's own refusal (PaddlePaddle exports whose
+        # conv weights are Constant nodes: "Expected conv2d_157.w_0 to be an initializer"):
+        # reported as such, since there is no model for npurun to run
+        pytest.xfail(f"ONNX Runtime's quantize_dynamic refuses {spec.name}: {type(e).__name__}: {e}")
+    want = _ort_run(q, feeds)
+    _compare(_npurun_run(q, feeds), want, f"{spec.name} (quantize_dynamic, contrib {_contrib_ops(q)})",
+             quantized=True, spec_error=lambda: _spec_error(q, feeds, want))
 
 
 # the transformer optimizer's model type for each transformers config the corpus exports

@@ -119,3 +119,36 @@ def test_image_decoder_op_refuses_a_bomb():
     bomb = np.frombuffer(png_header(20_000, 20_000, data=b"\x00" * 64), np.uint8).copy()
     with pytest.raises(NpurunError, match="DecompressionBomb"):
         npurun.Executor("reference").run_sync(g, {"encoded": bomb})
+
+
+HUGE_CHUNK = """
+import io, resource, sys
+from PIL import Image
+from npurun.errors import InputError
+from npurun.zoo import espcn
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # 1 GB: the claimed chunk is 2 GB
+try:
+    print("read", espcn.read_image(sys.argv[1]).size)
+except InputError as e:
+    print("InputError", e)
+"""
+
+
+def test_a_png_chunk_claiming_2_gb_is_not_an_allocation(tmp_path):
+    """Found by the images target: an IDAT chunk whose length field says 0x7ffffff0 made
+    Pillow read() that much from the file object, which allocated it first (MemoryError
+    under the fuzzers' RLIMIT_AS). Run under a 1 GB address-space cap in a child: the image
+    reads (from memory, the chunk is what the file holds) or is an InputError."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("L", (32, 32), 7).save(buf, format="PNG")
+    data = bytearray(buf.getvalue())
+    at = data.index(b"IDAT") - 4
+    data[at:at + 4] = (0x7FFFFFF0).to_bytes(4, "big")
+    f = tmp_path / "huge_chunk.png"
+    f.write_bytes(bytes(data))
+    p = subprocess.run([sys.executable, "-c", HUGE_CHUNK, str(f)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and ("read (32, 32)" in p.stdout or "InputError" in p.stdout), p.stdout + p.stderr[-2000:]
