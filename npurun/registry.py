@@ -77,7 +77,7 @@ def register_op(name: str, *, reference: Callable, domain: str = "", onnx_op: st
                 bytes: Callable | None = None, unit: str = "vector", vector_ops: float | None = None,  # noqa: A002
                 cpu: Callable | None = None, cpu_factory: Callable | None = None,
                 torch: Callable | None = None, convert: Callable | None = None,
-                replace: bool = False) -> RegisteredOp:
+                replace: bool = False, any_rank: bool = False) -> RegisteredOp:
     """Register an op; returns what was recorded (its IR name is `.name`).
 
     name        lowercase snake case (`swish2`); the IR op is `domain.name` (`my.ops.swish2`)
@@ -109,6 +109,8 @@ def register_op(name: str, *, reference: Callable, domain: str = "", onnx_op: st
     convert     `convert(ctx)` for an ONNX node that does not map 1:1 onto the op (see
                 npurun/frontend/onnx/context.py); default: operands, results and attributes as is
     replace     allow registering again a name this API registered before
+    any_rank    the shape rule takes operands of unknown rank (their `.shape` None; e.g. a
+                conv infers its input's rank from the weight's); else such a node is refused
     """
     op_name = ir_name(name, domain)
     where = f"register_op({op_name!r})"
@@ -129,7 +131,7 @@ def register_op(name: str, *, reference: Callable, domain: str = "", onnx_op: st
     groups = frozenset(groups)
 
     _declare(op_name, inputs, outputs, attrs, groups, macs=spec["macs"], domain=domain,
-             bytes=bytes, unit=unit, vector_ops=float(vector_ops or 0))(
+             bytes=bytes, unit=unit, vector_ops=float(vector_ops or 0), any_rank=bool(any_rank))(
         _infer(op_name, inputs, shape, dict(dtypes or {})))
     from .backends.reference.kernels import KERNELS
     KERNELS[op_name] = reference
@@ -433,10 +435,10 @@ def _checked(node, op_name, out) -> list:
         if not isinstance(r, (tuple, list)) or len(r) not in (2, 3):
             raise VerifyError(f"{node.label()}: the shape rule of {op_name} must give (shape, dtype) "
                               f"pairs, got {r!r}")
-        shape, dtype = tuple(r[0]), r[1]
-        if dtype not in DTYPES or not all(is_valid_dim(d) for d in shape):
+        shape, dtype = (None if r[0] is None else tuple(r[0])), r[1]  # None: rank unknown
+        if dtype not in DTYPES or (shape is not None and not all(is_valid_dim(d) for d in shape)):
             raise VerifyError(f"{node.label()}: the shape rule of {op_name} gave an invalid type "
-                              f"{list(shape)} {dtype!r}")
+                              f"{'[*]' if shape is None else list(shape)} {dtype!r}")
         res.append((shape, dtype) + tuple(r[2:]))
     return res
 

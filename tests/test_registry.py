@@ -367,3 +367,26 @@ def test_kernel_failure_while_folding_at_import_is_a_model_error(registered, tmp
                inits=[numpy_helper.from_array(_x((3,)), "c")])
     with pytest.raises(ModelError, match="ScaledTanh .*converting it failed \\(FloatingPointError: boom\\)"):
         npurun.load(_save(m))
+
+
+def test_any_rank_lets_a_rule_see_unknown_ranks():
+    """An operand of unknown rank (an If's output) is refused unless the op says its rule
+    takes it (`any_rank=True`), as com.microsoft FusedConv does after ORT inlines an If."""
+    from npurun.ir import parse, verify
+    from npurun.errors import VerifyError
+    text = """npuir 1
+graph g
+input x: [*] f32 DRAM0
+op test.rank.OP (x: [*] f32 DRAM0 -> y: [*] f32 DRAM0)
+output y: [*] f32 DRAM0
+"""
+    rule = lambda ins, a: [(None if ins[0].shape is None else ins[0].shape, ins[0].dtype)]  # noqa: E731
+    for name, any_rank in (("strict", False), ("lenient", True)):
+        npurun.register_op(name, domain="test.rank", reference=lambda x: x, shape=rule, any_rank=any_rank)
+    try:
+        with pytest.raises(VerifyError, match="unknown rank"):
+            verify(parse(text.replace("OP", "strict")))
+        verify(parse(text.replace("OP", "lenient")))
+    finally:
+        unregister_op("test.rank.strict")
+        unregister_op("test.rank.lenient")

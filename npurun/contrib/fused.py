@@ -11,8 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.reference.kernels import KERNELS as REF
+from ..ir.graph import Value
 from ..ir.ops import _fail
 from ..ir.ops.nn import _CONV_ATTRS, _conv_macs, _spatial
+from ..ir.shapes import UNKNOWN
 from ._common import matmul_shape, ms_op
 
 FLOATS = ("f32", "f16", "f64")
@@ -102,12 +104,16 @@ def fused_conv_with(conv, x, w, b=None, z=None, *, activation, activation_params
 
 def _fused_conv_rule(ins, a, node):
     x, w = ins[0], ins[1]
+    if w.shape is None:
+        _fail(node, f"weight {w.name!r} has unknown rank")
+    if x.shape is None:  # x has w's rank by definition, as for conv (an If's output, say)
+        x = Value(x.name, (UNKNOWN,) * len(w.shape), x.dtype)
     if len(x.shape) != len(w.shape) or len(x.shape) < 3:
         _fail(node, f"input rank {len(x.shape)} and weight rank {len(w.shape)} must match and be >= 3")
     _check_activation(node, a["activation"], a["activation_params"] or [])
     ks = a["kernel_shape"] or list(w.shape[2:])
     y = (x.shape[0], w.shape[0], *_spatial(node, a, x.shape, ks))
-    if len(ins) > 3 and ins[3] is not None and len(ins[3].shape) != len(y):
+    if len(ins) > 3 and ins[3] is not None and ins[3].shape is not None and len(ins[3].shape) != len(y):
         _fail(node, f"Z {list(ins[3].shape)} must have the result's shape {list(y)}")
     return [(y, x.dtype)]
 
@@ -133,7 +139,7 @@ def _cpu_fused_conv(program):
 
 ms_op("fused_conv", "FusedConv", inputs=["X", "W", "B?", "Z?"], outputs=["Y"],
       attrs={**_CONV_ATTRS, "activation": "", "activation_params": None}, groups={"conv", "mac"},
-      dtypes={"X": FLOATS}, shape=_fused_conv_rule, macs=_conv_macs, unit="matrix",
+      dtypes={"X": FLOATS}, shape=_fused_conv_rule, macs=_conv_macs, unit="matrix", any_rank=True,
       reference=lambda *args, **attrs: fused_conv_with(REF["conv"], *args, **attrs), cpu_factory=_cpu_fused_conv)
 
 
