@@ -181,7 +181,7 @@ class Tally:
             self.bad.append(msg)
 
 
-def _worker(port, k, stop, tally, shm_key, shm_x):
+def _worker(port, k, stop, tally, shm_x):
     rng = np.random.default_rng(1000 + k)
     c = Client(port)
     w1, w2 = _mlp_weights(0)  # every mlp.onnx written has the same weights: answers stay checkable
@@ -304,7 +304,7 @@ def test_soak(tmp_path):
         assert port, f"the server did not start: {p.stderr.read()[-3000:]}"
         threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()  # drain
         tally, stop = Tally(), threading.Event()
-        threads = [threading.Thread(target=_worker, args=(port, k, stop, tally, key, shm_x), daemon=True)
+        threads = [threading.Thread(target=_worker, args=(port, k, stop, tally, shm_x), daemon=True)
                    for k in range(CLIENTS)]
         threads += [threading.Thread(target=_shm_churn, args=(port, stop, key, tally), daemon=True),
                     threading.Thread(target=_replace_model, args=(d, stop), daemon=True)]
