@@ -55,6 +55,16 @@ def compile(model, precision: str = "auto", calibration=None, overrides=None, ta
     return run_pipeline(g, passes, verify_each=verify_each)
 
 
+def with_precision(graph: Graph, precision: str, calibrate=None, target: str = "cpu", default_feeds=None) -> Graph:
+    """`graph` compiled at `precision` (returned unchanged for fp32), calibrated on `calibrate`
+    (a folder, `random:N` or feeds) or else on `default_feeds()`: what the CLI's --precision and
+    --calibrate do, shared by `npurun upscale`, `run` and `batch`."""
+    if precision == "fp32":
+        return graph
+    cal = calibrate if calibrate else (None if precision == "bf16" or default_feeds is None else default_feeds())
+    return compile(graph, precision=precision, calibration=cal, target=target)
+
+
 def _refine(g: Graph, feeds) -> Graph:
     refine_weights(g, feeds)
     return g

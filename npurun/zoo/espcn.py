@@ -68,13 +68,24 @@ def output_format(path: str | os.PathLike) -> str:
     return _FORMATS[ext]
 
 
-def write_image(img: Image.Image, path: str | os.PathLike) -> None:
+# zlib level of PNG outputs. Pillow's default, 6, takes ~2 s for a 4K frame here, four times
+# the upscale itself, for files ~20% smaller than level 1 (~0.5 s); the pixels are the same.
+PNG_LEVEL = 1
+
+
+def encode_image(img: Image.Image, path: str | os.PathLike, png_level: int = PNG_LEVEL) -> bytes:
+    """The bytes of `img` in the format `path`'s extension names."""
     fmt = output_format(path)
     if fmt == "JPEG" and img.mode == "RGBA":
         img = img.convert("RGB")
     buf = io.BytesIO()
-    img.save(buf, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
-    atomic_write(path, buf.getvalue())
+    opts = {"quality": 95} if fmt == "JPEG" else {"compress_level": png_level} if fmt == "PNG" else {}
+    img.save(buf, format=fmt, **opts)
+    return buf.getvalue()
+
+
+def write_image(img: Image.Image, path: str | os.PathLike, png_level: int = PNG_LEVEL) -> None:
+    atomic_write(path, encode_image(img, path, png_level))
 
 
 def luma_to_array(y: Image.Image) -> np.ndarray:

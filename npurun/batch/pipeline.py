@@ -1,0 +1,63 @@
+"""The pipeline one worker runs over its items: loads run ahead of the device in a thread pool,
+stores (encode + atomic write) run behind it in another, and the device computes one item at a
+time in the caller's thread — so Pillow's decode and zlib's deflate overlap the compute (both
+release the GIL) instead of adding to it.
+
+Bounded both ways: at most `depth` decoded inputs wait for the device and at most `depth`
+results wait for their encoder (a 4K frame is 25 MB), so memory stays flat on any folder.
+"""
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import NpurunError
+from .job import Item, row
+
+
+def message(e: BaseException) -> str:
+    """An item's error for its status row: an NpurunError's message names the file and what was
+    expected; anything else is npurun's bug, named by its type so a report can say which."""
+    return str(e) if isinstance(e, NpurunError) else f"internal error ({type(e).__name__}: {e})"
+
+
+def run_items(worker, items: list[Item], on_result, *, io_threads: int = 2, who: str = "") -> None:
+    """Run `items` through `worker`'s stages; `on_result(row)` once per item, as each ends."""
+    depth = io_threads + 1
+    stores: deque = deque()
+
+    def finish(item, fut):
+        try:
+            on_result(row(item, "ok", sha256=fut.result(), worker=who))
+        except Exception as e:  # noqa: BLE001 - an item's failure is its row, never the batch's end
+            on_result(row(item, "error", error=message(e), worker=who))
+
+    with ThreadPoolExecutor(max(1, io_threads // 2), thread_name_prefix="npurun-load") as loader, \
+            ThreadPoolExecutor(io_threads, thread_name_prefix="npurun-store") as storer:
+        todo = iter(items)
+        pending: deque = deque()
+
+        def fill():
+            while len(pending) < depth:
+                item = next(todo, None)
+                if item is None:
+                    return
+                pending.append((item, loader.submit(worker.load, item)))
+
+        fill()
+        while pending:
+            item, fut = pending.popleft()
+            fill()
+            try:
+                result = worker.compute(item, fut.result())
+            except Exception as e:  # noqa: BLE001
+                on_result(row(item, "error", error=message(e), worker=who))
+                continue
+            while len(stores) >= depth:
+                finish(*stores.popleft())
+            stores.append((item, storer.submit(worker.store, item, result)))
+            del result
+            while stores and stores[0][1].done():
+                finish(*stores.popleft())
+        while stores:
+            finish(*stores.popleft())
