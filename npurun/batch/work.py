@@ -131,8 +131,17 @@ def _tensor_feeds(item: Item, spec: Spec, graph) -> dict:
         raise InputError(f"{path}: not a readable {Path(path).suffix} file ({e})") from None
 
 
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise InputError("Parquet inputs need pyarrow: pip install 'npurun[batch]'") from None
+    return pyarrow, pyarrow.parquet
+
+
 def parquet_row_groups(path) -> int:
-    import pyarrow.parquet as pq
+    _, pq = _pyarrow()
     try:
         return pq.ParquetFile(path).num_row_groups
     except Exception as e:  # pyarrow raises ArrowInvalid, OSError ... for a file it cannot read
@@ -143,10 +152,8 @@ def _parquet_rows(item: Item, spec: Spec, graph) -> list[np.ndarray]:
     """The rows of one row group's column, each an array of the model input's dtype, with the
     batch dimension of 1 added where the row lacks it. A column is a fixed-shape tensor
     (Arrow's extension type, as Ray Data and `npurun batch` write) or nested lists."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from ..ir.dtypes import to_numpy
+    pa, pq = _pyarrow()
     name = input_name(graph, spec)
     value = graph.values[name]
     try:
@@ -180,8 +187,7 @@ def _parquet_rows(item: Item, spec: Spec, graph) -> list[np.ndarray]:
 def _parquet_bytes(outputs: dict) -> bytes:
     """One row per input row; each model output a column of Arrow fixed-shape tensors (the
     per-row batch dimension of 1 dropped)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa, pq = _pyarrow()
     cols = {}
     for k, v in outputs.items():
         v = np.ascontiguousarray(v)
