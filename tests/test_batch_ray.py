@@ -144,3 +144,32 @@ def test_driver_killed_and_rerun(cluster, tmp_path):
         assert (f.stat().st_ino, f.stat().st_mtime_ns) == st, f"{name} was rewritten by the rerun"
     local_run(tmp_path / "in", tmp_path / "local")
     assert_complete(out, tmp_path / "local", n)
+
+
+def test_serve_with_two_replicas_answers_tritonclient(cluster, tmp_path):
+    import shutil
+
+    from npurun import zoo
+    from npurun.frontend import load
+    from npurun.runtime import Executor
+    from npurun.serve import ray_serve
+    httpclient = pytest.importorskip("tritonclient.http")
+    from ray import serve
+    shutil.copy(zoo.path("espcn_x3.onnx"), tmp_path / "espcn_x3.onnx")
+    port = ray_serve.deploy(tmp_path, replicas=2, port=0, threads=1)
+    try:
+        app = serve.status().applications[ray_serve.APP]
+        running = app.deployments[ray_serve.APP].replica_states.get("RUNNING", 0)
+        assert app.status == "RUNNING" and running == 2, app
+        c = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        assert c.is_server_ready() and c.is_model_ready("espcn_x3")
+        graph = load(tmp_path / "espcn_x3.onnx")
+        rng = np.random.default_rng(3)
+        with Executor("reference") as ref:
+            for _ in range(6):
+                x = rng.random((1, 1, 12, 16), dtype=np.float32)
+                inp = httpclient.InferInput("input", list(x.shape), "FP32").set_data_from_numpy(x)
+                got = c.infer("espcn_x3", [inp]).as_numpy(graph.outputs[0])
+                np.testing.assert_allclose(got, ref.run_sync(graph, x)[graph.outputs[0]], rtol=1e-4, atol=1e-5)
+    finally:
+        ray_serve.shutdown()

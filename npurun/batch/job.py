@@ -46,7 +46,7 @@ class Spec:
     precision: str = "fp32"
     calibrate: str | None = None
     scale: int = 3                 # upscale: the factor the model must have
-    png_level: int = 1             # upscale: zlib level of PNG outputs (pixels do not depend on it)
+    png_level: int = 2             # upscale: zlib level of PNG outputs (pixels do not depend on it)
     column: str | None = None      # tensors: the Parquet column fed to the model
     input_name: str | None = None  # tensors: the model input fed (default: its only input)
     io_threads: int = 2            # decode/encode threads per worker

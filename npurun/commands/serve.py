@@ -33,6 +33,11 @@ def add_parser(sub):
     p.add_argument("--max-queue-delay-ms", type=float, default=2.0,
                    help="dynamic batching: longest a request waits for others (default: 2 ms)")
     p.add_argument("--no-cache", action="store_true", help="do not cache imported plans in MODEL_DIR/.npurun-cache")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="serve as a Ray Serve deployment: no ADDRESS or `local` starts Ray here, `auto` or "
+                        "HOST:PORT joins a cluster (pip install 'npurun[ray]'; docs/scale-out.md)")
+    p.add_argument("--replicas", default="1", metavar="N|auto",
+                   help="with --ray: replicas, each with its own copy of the models and scheduler (default: 1)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     p.set_defaults(fn=run)
 
@@ -103,6 +108,10 @@ def run(args) -> int:
     if not token and not _loopback(args.host):
         print(f"npurun serve: warning: listening on {args.host} without --token-file; anyone who reaches "
               f"the port can run models", file=sys.stderr)
+    if args.ray is not None:
+        return _run_ray(args, settings)
+    if args.replicas != "1":
+        raise InputError("--replicas goes with --ray")
     sock = _bind(args.host, args.port)
     app = build(args.model_dir, device=args.device, threads=args.threads, settings=settings,
                 max_batch=args.max_batch, max_delay=args.max_queue_delay_ms / 1000, cache=not args.no_cache)
@@ -118,3 +127,34 @@ def run(args) -> int:
     uvicorn.Server(config).run(sockets=[sock])
     app.state.server.shm.close()
     return 0
+
+
+def _run_ray(args, settings) -> int:
+    """Deploy on Ray Serve and wait for Ctrl-C; the deployment goes with this process."""
+    import time
+
+    from ..batch.ray_job import init
+    from ..serve import ray_serve
+    replicas = ray_serve.replicas_arg(args.replicas)
+    started = init(args.ray)
+    import ray
+    try:
+        port = ray_serve.deploy(args.model_dir, replicas=replicas, host=args.host, port=args.port,
+                                device=args.device, threads=args.threads, settings=settings,
+                                max_batch=args.max_batch, max_delay=args.max_queue_delay_ms / 1000,
+                                cache=not args.no_cache)
+        print(f"npurun serve: {args.model_dir} on http://{args.host}:{port} (Ray Serve, {replicas} replicas "
+              f"on {args.device})", flush=True)
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        return 0
+    except ray.exceptions.RayError as e:
+        from ..errors import NpurunError
+        raise NpurunError(f"Ray Serve: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    finally:
+        try:
+            ray_serve.shutdown()
+        finally:
+            if started:
+                ray.shutdown()
