@@ -155,3 +155,51 @@ def test_parquet_with_several_columns_needs_column(tmp_path, rng, capsys):
     assert "columns ['a', 'b']; name the one to feed with --column" in capsys.readouterr().err
     assert main(["batch", str(tmp_path / "m.onnx"), str(tmp_path / "t.parquet"), "-o", str(tmp_path / "o2"),
                  "-q", "--column", "b"]) == 0
+
+
+class _FlakyWorker:
+    """Stages that take random time and fail on chosen items, to check the pipeline's books."""
+
+    def __init__(self, rng, fail):
+        self.rng, self.fail = rng, fail
+        import threading
+        self.lock = threading.Lock()
+
+    def _stage(self, item, stage):
+        import time
+        with self.lock:
+            dt = float(self.rng.random()) * 0.004
+        time.sleep(dt)
+        if self.fail.get(item.input) == stage:
+            raise ValueError(f"{stage} failed")
+
+    def load(self, item):
+        self._stage(item, "load")
+        return item.input
+
+    def compute(self, item, loaded):
+        assert loaded == item.input  # each compute gets its own item's load
+        self._stage(item, "compute")
+        return loaded
+
+    def store(self, item, result):
+        assert result == item.input
+        self._stage(item, "store")
+        return "sha-" + result
+
+
+@pytest.mark.parametrize("n,io,computes", [(1, 1, 1), (5, 2, 2), (37, 2, 2), (37, 1, 3), (64, 4, 1)])
+def test_pipeline_gives_every_item_exactly_one_row(rng, n, io, computes):
+    from npurun.batch.job import Item
+    from npurun.batch.pipeline import run_items
+    items = [Item(f"in{i}", f"out{i}") for i in range(n)]
+    stages = ("load", "compute", "store")
+    fail = {f"in{i}": stages[int(rng.integers(0, 3))] for i in rng.choice(n, size=n // 4, replace=False)}
+    rows = []
+    run_items(_FlakyWorker(rng, fail), items, rows.append, io_threads=io, computes=computes, who="w")
+    assert sorted(r["input"] for r in rows) == sorted(it.input for it in items)
+    for r in rows:
+        if r["input"] in fail:
+            assert r["status"] == "error" and r["error"].startswith("internal error (ValueError:"), r
+        else:
+            assert r["status"] == "ok" and r["sha256"] == "sha-" + r["input"] and r["worker"] == "w", r

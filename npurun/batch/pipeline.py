@@ -23,6 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import NpurunError
 from .job import Item, row
 
+# Items computing at once on the worker's one Executor (its scheduler shares the device
+# between them): one item's single-threaded phases (ESPCN's chroma resize and merge) then
+# overlap the other's parallel kernels. Measured in bench/batch.py.
+COMPUTES = 2
+
 
 def message(e: BaseException) -> str:
     """An item's error for its status row: an NpurunError's message names the file and what was
@@ -39,10 +44,12 @@ def _background() -> None:
             pass
 
 
-def run_items(worker, items: list[Item], on_result, *, io_threads: int = 2, who: str = "") -> None:
+def run_items(worker, items: list[Item], on_result, *, io_threads: int = 2, computes: int = COMPUTES,
+              who: str = "") -> None:
     """Run `items` through `worker`'s stages; `on_result(row)` once per item, as each ends."""
-    depth = io_threads + 1
+    depth = io_threads + computes
     stores: deque = deque()
+    computing: deque = deque()
 
     def finish(item, fut):
         try:
@@ -50,8 +57,12 @@ def run_items(worker, items: list[Item], on_result, *, io_threads: int = 2, who:
         except Exception as e:  # noqa: BLE001 - an item's failure is its row, never the batch's end
             on_result(row(item, "error", error=message(e), worker=who))
 
+    def compute(item, loaded):
+        return worker.compute(item, loaded.result())
+
     with ThreadPoolExecutor(max(1, io_threads // 2), thread_name_prefix="npurun-load",
-                               initializer=_background) as loader, \
+                            initializer=_background) as loader, \
+            ThreadPoolExecutor(computes, thread_name_prefix="npurun-compute") as computer, \
             ThreadPoolExecutor(io_threads, thread_name_prefix="npurun-store", initializer=_background) as storer:
         todo = iter(items)
         pending: deque = deque()
@@ -60,18 +71,22 @@ def run_items(worker, items: list[Item], on_result, *, io_threads: int = 2, who:
             while len(pending) < depth:
                 item = next(todo, None)
                 if item is None:
-                    return
+                    break
                 pending.append((item, loader.submit(worker.load, item)))
+            while pending and len(computing) < computes:
+                item, loaded = pending.popleft()
+                computing.append((item, computer.submit(compute, item, loaded)))
 
         fill()
-        while pending:
-            item, fut = pending.popleft()
-            fill()
+        while computing:
+            item, fut = computing.popleft()
             try:
-                result = worker.compute(item, fut.result())
+                result = fut.result()
             except Exception as e:  # noqa: BLE001
                 on_result(row(item, "error", error=message(e), worker=who))
+                fill()
                 continue
+            fill()
             while len(stores) >= depth:
                 finish(*stores.popleft())
             stores.append((item, storer.submit(worker.store, item, result)))
