@@ -1,7 +1,7 @@
 """The pipeline one worker runs over its items: loads run ahead of the device in a thread pool,
-stores (encode + atomic write) run behind it in another, and the device computes one item at a
-time in the caller's thread — so Pillow's decode and zlib's deflate overlap the compute (both
-release the GIL) instead of adding to it.
+stores (encode + atomic write) run behind it in another, and COMPUTES items compute at once in
+a third — so Pillow's decode and zlib's deflate overlap the compute (both release the GIL)
+instead of adding to it.
 
 The I/O threads run at the lowest CPU priority (nice 19, Linux): they use the cores the
 compute leaves idle (its single-threaded parts, its waits) instead of preempting its threads
