@@ -203,3 +203,23 @@ def test_pipeline_gives_every_item_exactly_one_row(rng, n, io, computes):
             assert r["status"] == "error" and r["error"].startswith("internal error (ValueError:"), r
         else:
             assert r["status"] == "ok" and r["sha256"] == "sha-" + r["input"] and r["worker"] == "w", r
+
+
+def test_corrupt_tensor_files_are_error_rows(tmp_path, rng, capsys):
+    """Found by tests/fuzz/test_fuzz_batch.py: a .npz that is not a zip (BadZipFile), an .npy
+    header numpy's parser chokes on (tokenize.TokenError), and an .npy whose version bytes
+    are corrupt, so numpy read a 4-byte header length of ~660 MB (MemoryError)."""
+    import io
+    mlp(tmp_path / "m.onnx", rng)
+    (tmp_path / "t").mkdir()
+    buf = io.BytesIO()
+    np.save(buf, rng.standard_normal((2, 4)).astype(np.float32))
+    good = buf.getvalue()
+    (tmp_path / "t" / "version.npy").write_bytes(good[:6] + b"\x00\x01" + good[8:])
+    (tmp_path / "t" / "header.npy").write_bytes(good[:10] + b"{'descr': '<f4', 'shape': (2,\n")
+    (tmp_path / "t" / "notzip.npz").write_bytes(b"PK\x03\x04" + good)
+    assert main(["batch", str(tmp_path / "m.onnx"), str(tmp_path / "t"), "-o", str(tmp_path / "o"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "version.npy: unknown .npy format version 0.1" in err
+    assert "header.npy: not a readable .npy file" in err and "notzip.npz: corrupt .npz file" in err
+    assert "internal error" not in err

@@ -113,22 +113,24 @@ def _batchable(graph, name) -> bool:
 
 
 def _tensor_feeds(item: Item, spec: Spec, graph) -> dict:
-    path = item.input
+    """An .npy (the model's one input) or .npz (a member per input) item, read with the
+    weights loader's checks: no pickles, no header lying about its size, no zip bombs."""
+    from ..errors import ModelError
+    from ..ir.io import read_npy, read_weights
+    path = Path(item.input)
     try:
-        if path.lower().endswith(".npz"):
-            with np.load(path, allow_pickle=False) as z:
-                feeds = {k: z[k] for k in z.files}
-            missing = [k for k in graph.inputs if k not in feeds]
-            extra = [k for k in feeds if k not in graph.inputs]
-            if missing or extra:
-                raise InputError(f"{path}: members {sorted(feeds)}; the model's inputs are {graph.inputs}"
-                                 + (f" (missing {missing})" if missing else "") + (f" (unknown {extra})" if extra else ""))
-            return feeds
-        return {input_name(graph, spec): np.load(path, allow_pickle=False)}
-    except NpurunError:
-        raise
-    except (ValueError, OSError, EOFError) as e:  # numpy's words for a bad header, a pickle, a truncation
-        raise InputError(f"{path}: not a readable {Path(path).suffix} file ({e})") from None
+        if path.suffix.lower() == ".npz":
+            feeds = read_weights(path, path, kind=".npz file")
+        else:
+            return {input_name(graph, spec): read_npy(path)}
+    except ModelError as e:
+        raise InputError(str(e)) from None
+    missing = [k for k in graph.inputs if k not in feeds]
+    extra = [k for k in feeds if k not in graph.inputs]
+    if missing or extra:
+        raise InputError(f"{path}: members {sorted(feeds)}; the model's inputs are {graph.inputs}"
+                         + (f" (missing {missing})" if missing else "") + (f" (unknown {extra})" if extra else ""))
+    return feeds
 
 
 def _pyarrow():

@@ -77,9 +77,10 @@ def load_npuir(path: str | os.PathLike):
 MAX_INFLATION = 100
 
 
-def read_weights(wpath: Path, model: Path) -> dict:
-    """The arrays of a weights .npz, each member's header checked before any array is
-    allocated: no pickled objects, no shape claiming more bytes than the member holds."""
+def read_weights(wpath: Path, model: Path, kind: str = "weights file") -> dict:
+    """The arrays of a weights .npz (or any .npz: `kind` names it in errors), each member's
+    header checked before any array is allocated: no pickled objects, no shape claiming more
+    bytes than the member holds, no zip bomb."""
     try:
         with zipfile.ZipFile(wpath) as zf:
             out = {}
@@ -93,7 +94,7 @@ def read_weights(wpath: Path, model: Path) -> dict:
         raise ModelError(f"{model}: its weights file {wpath} is missing") from None
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError,
             SyntaxError, tokenize.TokenError) as e:  # (numpy parses an .npy header as a Python literal)
-        raise ModelError(f"{wpath}: corrupt weights file ({type(e).__name__}: {e})") from None
+        raise ModelError(f"{wpath}: corrupt {kind} ({type(e).__name__}: {e})") from None
 
 
 def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, wpath: Path):
@@ -102,18 +103,37 @@ def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, wpath: Path):
     if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_INFLATION * info.compress_size + (64 << 10):
         raise ModelError(f"{wpath}: member {info.filename!r} inflates from {info.compress_size} to "
                          f"{info.file_size} bytes; refusing it (over {MAX_INFLATION}x)")
+    return info.filename[:-len(".npy")], _checked_array(lambda: zf.open(info), info.file_size,
+                                                        f"{wpath}: member {info.filename!r}")
+
+
+def _checked_array(open_, size: int, where: str) -> np.ndarray:
+    """The .npy array `open_()` reads, its header checked before the data is allocated."""
     fmt = np.lib.format
-    with zf.open(info) as f:
-        version = fmt.read_magic(f)
-        read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        shape, _, dtype = read_header(f)
-        if dtype.hasobject:
-            raise ModelError(f"{wpath}: member {info.filename!r} holds Python objects ({dtype}); "
-                             f"npurun never unpickles")
-        need = math.prod(shape) * dtype.itemsize
-        if need > info.file_size:
-            raise ModelError(f"{wpath}: member {info.filename!r} claims shape {list(shape)} of {dtype} "
-                             f"({need} bytes) but holds {info.file_size} bytes")
-    with zf.open(info) as f:
-        return info.filename[:-len(".npy")], fmt.read_array(f, allow_pickle=False)
+    with open_() as f:
+        # The header from the first 64 KB only: a corrupt length field must not make numpy
+        # read (and allocate) what it claims (found by tests/fuzz/test_fuzz_batch.py).
+        head = io.BytesIO(f.read(1 << 16))
+    version = fmt.read_magic(head)
+    if version not in ((1, 0), (2, 0)):
+        raise ModelError(f"{where}: unknown .npy format version {version[0]}.{version[1]}")
+    read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+    shape, _, dtype = read_header(head)
+    if dtype.hasobject:
+        raise ModelError(f"{where} holds Python objects ({dtype}); npurun never unpickles")
+    need = math.prod(shape) * dtype.itemsize
+    if need > size:
+        raise ModelError(f"{where} claims shape {list(shape)} of {dtype} ({need} bytes) but holds {size} bytes")
+    with open_() as f:
+        return fmt.read_array(f, allow_pickle=False)
+
+
+def read_npy(path: Path) -> np.ndarray:
+    """One .npy file, with the checks of a weights member; ModelError naming it when corrupt."""
+    try:
+        return _checked_array(lambda: open(path, "rb"), path.stat().st_size, str(path))
+    except FileNotFoundError:
+        raise ModelError(f"{path}: no such file") from None
+    except (ValueError, OSError, EOFError, SyntaxError, tokenize.TokenError, RuntimeError) as e:
+        raise ModelError(f"{path}: not a readable .npy file ({type(e).__name__}: {e})") from None
 
