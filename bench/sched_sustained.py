@@ -66,6 +66,29 @@ def main():
         print(f"  {name:12s} {t:8.1f} s ({t / args.seconds:.0%})")
     print(f"sustained {res.throughput:.1f}/s vs cool {1 / per_point[-1][0]:.1f}/s "
           f"({res.throughput * per_point[-1][0]:.0%})")
+    ideal = ideal_throughput(dev, per_point, args.seconds, gov.throttle_temp)
+    print(f"ideal {ideal:.1f}/s ({ideal * per_point[-1][0]:.0%}): full speed until {gov.throttle_temp:g} C, then the "
+          f"two operating points around the power that holds it there, time-shared exactly")
+
+
+def ideal_throughput(dev, per_point, seconds, throttle):
+    """The ceiling of any governor on this RC model: the fastest point until the die reaches
+    `throttle`, then a duty cycle of the two adjacent points whose mean power holds it there."""
+    import math
+    rc = dev.thermal_resistance * dev.heat_capacity
+    rate = [1 / lat for lat, _ in per_point]
+    power = [e / lat for lat, e in per_point]
+    t_inf = dev.ambient_c + power[-1] * dev.thermal_resistance
+    if t_inf <= throttle:
+        return rate[-1]
+    t1 = min(seconds, -rc * math.log((t_inf - throttle) / (t_inf - dev.ambient_c)))
+    hold = (throttle - dev.ambient_c) / dev.thermal_resistance  # the power that holds `throttle`
+    held = rate[0]
+    for (pa, ra), (pb, rb) in zip(zip(power[1:], rate[1:]), zip(power, rate)):  # (faster, slower) pairs
+        if pb <= hold <= pa:
+            d = (hold - pb) / (pa - pb)
+            held = d * ra + (1 - d) * rb
+    return (t1 * rate[-1] + (seconds - t1) * held) / seconds
 
 
 if __name__ == "__main__":
