@@ -69,3 +69,9 @@ def test_prometheus_metrics_and_monitor_rates(rng):
     assert 'outcome="ok"' in text
     if exe.stats()["temperature_c"] is None:  # unknown is absent, never 0
         assert "npurun_device_temperature_celsius{" not in text
+
+
+def test_top_shows_the_preemption_latency():
+    from npurun.commands.top import _latency
+    assert _latency({"count": 0}) == ""
+    assert _latency({"count": 3, "p50_s": 0.0012, "p99_s": 0.061}) == "  preempt latency p50 1.2 ms p99 61.0 ms"

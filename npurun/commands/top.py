@@ -103,6 +103,13 @@ def _fmt_macs(x: float) -> str:
     return f"{x:.0f} "
 
 
+def _latency(lat) -> str:
+    """The device's preemption latency (the last 1024 waits of a better task for a unit)."""
+    if not lat or not lat["count"]:
+        return ""
+    return f"  preempt latency p50 {lat['p50_s'] * 1e3:.1f} ms p99 {lat['p99_s'] * 1e3:.1f} ms"
+
+
 def render(view: dict, runs=(), names=(), errors=()):
     """One frame: the device line, per-unit utilization, then one row per task."""
     from rich.console import Group
@@ -118,7 +125,8 @@ def render(view: dict, runs=(), names=(), errors=()):
         + f"  temp {'unknown' if temp is None else f'{temp:.1f} C'}"
         + f"  freq {'n/a' if freq is None else f'{freq:.0f} MHz'}"
         + f"  point {view.get('operating_point') or 'n/a'}"
-        + f"  slices {view['slices_in_window']}  preemptions {view['preemptions_in_window']}")
+        + f"  slices {view['slices_in_window']}  preemptions {view['preemptions_in_window']}"
+        + _latency(view.get("preemption_latency")))
     t = Table(box=None, pad_edge=False)
     for col in ("id", "task", "prio", "state", "unit", "nodes", "MAC/s", "run s", "wait s", "slices", "preempt"):
         t.add_column(col, justify="left" if col in ("task", "state") else "right")

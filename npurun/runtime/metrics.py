@@ -44,7 +44,7 @@ def rates(prev: dict, cur: dict) -> dict:
 
 def collector(devices):
     """A prometheus_client collector over runtime Devices (pass a list, or a callable giving one)."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
     class NpurunCollector:
         def collect(self):
@@ -66,9 +66,16 @@ def collector(devices):
                 ("device_slices", "slices dispatched", ["device"]),
                 ("device_preemptions", "slices ended early for a higher priority", ["device"]),
                 ("tasks", "tasks by outcome", ["device", "outcome"])]}
+            h = HistogramMetricFamily("npurun_device_preemption_latency_seconds",
+                                      "from a task's arrival, every unit held and one by a lower priority, "
+                                      "to its first slice", labels=["device"])
             for d in devs:
                 s = d.stats()
                 n = [d.name]
+                lat = s.get("preemption_latency")
+                if lat is not None:
+                    h.add_metric(n, [(repr(float(le)), c) for le, c in lat["buckets"]] + [("+Inf", lat["count"])],
+                                 lat["sum_s"])
                 g["device_units"].add_metric(n, s["units"])
                 g["device_active_units"].add_metric(n, s["active_units"])
                 g["device_duty_cycle"].add_metric(n, s["duty"])
@@ -95,6 +102,7 @@ def collector(devices):
                         c["tasks"].add_metric([d.name, outcome], k)
             yield from g.values()
             yield from c.values()
+            yield h
 
     return NpurunCollector()
 

@@ -39,6 +39,8 @@ Time comes from `clock` (time.monotonic by default) so tests drive it with a fak
 """
 from __future__ import annotations
 
+import bisect
+import collections
 import itertools
 import queue
 import threading
@@ -117,6 +119,10 @@ class Task:
     run_time: float = 0.0
     slices: int = 0
     preemptions: int = 0
+    # Preemption latency: set when the task becomes ready while every unit is held and one by
+    # a worse level (it must wait for a preemption); the wait when it then gets a unit.
+    preempt_from: float | None = None
+    preempt_wait: float | None = None
     steps_done: int = 0
     macs_done: int = 0
     # Steps and MACs counted at boundaries that skipped the lock (see Scheduler._boundary),
@@ -152,8 +158,36 @@ class Task:
                 "macs_done": self.macs_done, "macs_total": self.macs_total,
                 "run_s": run, "queue_wait_s": wait, "max_wait_s": max(self.max_wait, wait if self.state == WAITING else 0.0),
                 "slices": self.slices, "preemptions": self.preemptions,
+                "preempt_wait_s": self.preempt_wait,
                 "macs_per_s": self.macs_done / run if run > 0 else 0.0,
                 "age_s": (self.finished_at or now) - self.submitted_at}
+
+
+class LatencyHistogram:
+    """Preemption latencies: cumulative Prometheus-style buckets, and the last RECENT values for
+    percentiles (what `npurun top` and stats() show)."""
+    BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+    RECENT = 1024
+
+    def __init__(self):
+        self.counts = [0] * (len(self.BUCKETS) + 1)  # the last: above every bucket
+        self.count, self.sum = 0, 0.0
+        self.recent: collections.deque = collections.deque(maxlen=self.RECENT)
+
+    def add(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.BUCKETS, v)] += 1
+        self.count += 1
+        self.sum += v
+        self.recent.append(v)
+
+    def summary(self) -> dict:
+        r = sorted(self.recent)
+
+        def pct(q):
+            return r[min(len(r) - 1, int(q * len(r)))] if r else None
+        return {"count": self.count, "sum_s": self.sum, "p50_s": pct(0.5), "p99_s": pct(0.99),
+                "max_s": r[-1] if r else None,
+                "buckets": list(zip(self.BUCKETS, itertools.accumulate(self.counts[:-1])))}
 
 
 class Scheduler:
@@ -204,6 +238,7 @@ class Scheduler:
         self.counts = {"submitted": 0, "ok": 0, "failed": 0, "cancelled": 0, "timeout": 0}
         self.slices = 0
         self.preemptions = 0
+        self.preempt_latency = LatencyHistogram()
         self.macs_done = 0
         self.steps_done = 0
         self.listeners: list = []  # fn(event, task) for the monitor; called outside the lock
@@ -355,6 +390,7 @@ class Scheduler:
                     "uptime_s": now - self.created, "lane_busy_s": busy,
                     "running": len(self._running), "waiting": len(self._waiting),
                     "tasks": dict(self.counts), "slices": self.slices, "preemptions": self.preemptions,
+                    "preemption_latency": self.preempt_latency.summary(),
                     "macs_done": self.macs_done, "steps_done": self.steps_done}
 
     def wait_bound(self, priority: int, ahead: int = 0, longest_node: float = 0.0) -> float:
@@ -366,6 +402,9 @@ class Scheduler:
         task.state, task.lane = WAITING, None
         task.ready_since = now
         task.seq = next(self._seq)
+        # It must wait for a preemption when no unit is free and a worse level holds one.
+        full = len(self._running) >= self.active_lanes
+        task.preempt_from = now if full and any(t.level > task.priority for t in self._running.values()) else None
         self._waiting.append(task)
         self.attention[0] = True
 
@@ -413,6 +452,10 @@ class Scheduler:
             best.max_wait = max(best.max_wait, wait)
             best.state, best.lane, best.level = RUNNING, free[0], level
             best.slice_start = best.step_start = now
+            if best.preempt_from is not None:
+                best.preempt_wait = now - best.preempt_from
+                best.preempt_from = None
+                self.preempt_latency.add(best.preempt_wait)
             best.slices += 1
             self.slices += 1
             self._running[best.lane] = best
