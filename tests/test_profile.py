@@ -75,3 +75,22 @@ def test_top_shows_the_preemption_latency():
     from npurun.commands.top import _latency
     assert _latency({"count": 0}) == ""
     assert _latency({"count": 3, "p50_s": 0.0012, "p99_s": 0.061}) == "  preempt latency p50 1.2 ms p99 61.0 ms"
+
+
+def test_profile_follows_the_planned_program_when_bands_split_a_chain():
+    """A chain split into bands to fit the workspace runs more steps than the compiled graph
+    has nodes: profile's rows are the planned program's steps (they were the compiled graph's,
+    so times were pinned on the wrong nodes and chrome_trace raised IndexError)."""
+    import numpy as np
+
+    from npurun.commands.profile import chrome_trace, profile
+    from npurun.frontend import load
+    from npurun.runtime import Executor
+    g = load(zoo.path("espcn_x3.onnx"))
+    x = np.random.default_rng(0).random((1, 1, 96, 96), dtype=np.float32)
+    with Executor("cpu", parallelism=1, workspace_mb=1) as exe:
+        rows, traces = profile(exe, g, {"input": x}, runs=1)
+    assert len(rows) > len(exe.compile(g, {"input": x.shape}).steps)  # split into bands
+    assert any(r["node"].endswith(".b0") for r in rows)
+    assert all(len(tr) == len(rows) for _, tr in traces)
+    assert len(chrome_trace(rows, traces, 1, "espcn")["traceEvents"]) > len(rows)

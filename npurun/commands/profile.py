@@ -79,7 +79,9 @@ def profile(exe, graph, feeds, runs=3, concurrent=1):
 
     from ..ir.cost import concrete_values
     shapes = {k: a.shape for k, a in feeds.items() if isinstance(a, np.ndarray)}
-    program = exe.compile(graph, shapes)  # the lowered graph's program, as the runs use it
+    # The program the runs execute: planned for these shapes, which may split a chain into
+    # bands (more steps than the compiled graph; rows were misattributed, then an IndexError).
+    program, _plan = exe.planned(graph, feeds)
     exe.run_sync(graph, feeds)
     traces = []
     for _ in range(runs):
