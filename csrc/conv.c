@@ -218,7 +218,7 @@ typedef int (*conv_band)(const float *, int, int, int, const float *, const floa
                          int, int, int, int, int, float, float, float *, int, int, int, int, long, int);
 typedef struct {
     conv_band fn; const float *x; int C, H, W; const float *wp, *bias; int M, kh, kw, sh, sw, dh, dw, pt, pl;
-    int act; float alpha, beta; float *y; int Ho, Wo, nt, flat, chunks; atomic_int rc;
+    int act; float alpha, beta; float *y; int Ho, Wo, nt, flat, chunks, r0, r1; atomic_int rc;
 } conv_job;
 
 #define FLAT_PIX 64  /* a pointwise conv's pixel row is split in groups of this many */
@@ -229,13 +229,14 @@ static void conv_chunk(void *ctx, int i)
     int rc;
     if (j->flat) {  /* pixels [a, b) of the flat (C, Ho*Wo) rows, passed as a 1 x (b-a) image */
         long plane = (long)j->Ho * j->Wo, groups = plane / FLAT_PIX > 0 ? plane / FLAT_PIX : 1;
-        long g0 = par_at(0, groups, i, j->chunks), g1 = par_at(0, groups, i + 1, j->chunks);
+        long lo = j->r0, hi = j->r1 < groups ? j->r1 : groups;  /* a piece: groups [r0, r1) */
+        long g0 = par_at(lo, hi, i, j->chunks), g1 = par_at(lo, hi, i + 1, j->chunks);
         long a = g0 * FLAT_PIX, b = g1 == groups ? plane : g1 * FLAT_PIX;
         if (b <= a) return;
         rc = j->fn(j->x + a, j->C, 1, (int)plane, j->wp, j->bias, j->M, 1, 1, 1, 1, 1, 1, 0, 0, j->act,
                    j->alpha, j->beta, j->y + a, 1, (int)(b - a), 0, 1, plane, j->nt);
     } else {
-        int a = (int)par_at(0, j->Ho, i, j->chunks), b = (int)par_at(0, j->Ho, i + 1, j->chunks);
+        int a = (int)par_at(j->r0, j->r1, i, j->chunks), b = (int)par_at(j->r0, j->r1, i + 1, j->chunks);
         if (b <= a) return;
         rc = j->fn(j->x, j->C, j->H, j->W, j->wp, j->bias, j->M, j->kh, j->kw, j->sh, j->sw, j->dh, j->dw,
                    j->pt, j->pl, j->act, j->alpha, j->beta, j->y, j->Ho, j->Wo, a, b, 0, j->nt);
@@ -244,14 +245,16 @@ static void conv_chunk(void *ctx, int i)
 }
 
 /* One image of a dense (group 1) conv; flat: a pointwise stride-1 unpadded conv, split by
- * pixels rather than rows (whole tiles even on small images). */
+ * pixels rather than rows (whole tiles even on small images). Output rows (flat: 64-pixel
+ * groups) [r0, r1) only: a piece of the node, with a preemption point after it
+ * (nativeconv.py, backends/pieces.py); [0, Ho) (flat: [0, groups)) is the whole. */
 #define CONV_MT(name, fn)                                                                          \
 int name(const float *x, int C, int H, int W, const float *wp, const float *bias, int M, int kh, int kw, \
          int sh, int sw, int dh, int dw, int pt, int pl, int act, float alpha, float beta, float *y,      \
-         int Ho, int Wo, int nt, int flat, int threads, int chunks)                                       \
+         int Ho, int Wo, int nt, int flat, int threads, int chunks, int r0, int r1)                       \
 {                                                                                                   \
     conv_job j = {fn, x, C, H, W, wp, bias, M, kh, kw, sh, sw, dh, dw, pt, pl, act, alpha, beta, y,  \
-                  Ho, Wo, nt, flat, chunks, 0};                                                     \
+                  Ho, Wo, nt, flat, chunks, r0, r1, 0};                                             \
     par_run(conv_chunk, &j, chunks, threads);                                                       \
     return atomic_load(&j.rc);                                                                      \
 }

@@ -249,7 +249,7 @@ int CONVG(const float *x, int C, int H, int W, const float *wp, const float *bia
  * tiles for an in-place 1x1 conv. */
 typedef struct {
     const float *x; int C, H, W; const float *wp, *bias; int M, kh, kw, sh, sw, dh, dw, pt, pl, act;
-    float alpha, beta; float *y; int Ho, Wo, split_m, chunks; long step; CAT(CONVG, _sh) s;
+    float alpha, beta; float *y; int Ho, Wo, split_m, chunks; long step, lo, hi; CAT(CONVG, _sh) s;
     atomic_int rc;
 } CAT(CONVG, _job);
 
@@ -269,8 +269,8 @@ static void CAT(CONVG, _chunk)(void *ctx, int i)
             rc = CONVG(j->x, j->C, j->H, j->W, j->wp + m0 * K, j->bias + m0, m1 - m0, j->kh, j->kw, j->sh,
                        j->sw, j->dh, j->dw, j->pt, j->pl, j->act, j->alpha, j->beta, j->y + m0 * plane,
                        j->Ho, j->Wo, 0, plane);
-    } else {  /* chunk i: pixels [i*step, (i+1)*step), step = whole rows or whole tiles */
-        long p0 = i * j->step, p1 = p0 + j->step < plane ? p0 + j->step : plane;
+    } else {  /* chunk i: pixels lo + [i*step, (i+1)*step), step = whole rows or whole tiles */
+        long p0 = j->lo + i * j->step, p1 = p0 + j->step < j->hi ? p0 + j->step : j->hi;
         if (p1 <= p0) return;
         rc = CONVG(j->x, j->C, j->H, j->W, j->wp, j->bias, j->M, j->kh, j->kw, j->sh, j->sw, j->dh,
                    j->dw, j->pt, j->pl, j->act, j->alpha, j->beta, j->y, j->Ho, j->Wo, p0, p1);
@@ -280,11 +280,14 @@ static void CAT(CONVG, _chunk)(void *ctx, int i)
 
 int CAT(CONVG, _mt)(const float *x, int C, int H, int W, const float *wp, const float *bias, int M,
                     int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
-                    int act, float alpha, float beta, float *y, int Ho, int Wo, int threads, int split_m)
+                    int act, float alpha, float beta, float *y, int Ho, int Wo, int threads, int split_m,
+                    long lo, long hi)
 {
+    /* Pixels [lo, hi) only (whole rows; split_m: all of them): a piece of the node, with a
+     * preemption point after it (nativeconv.py, backends/pieces.py). */
     CAT(CONVG, _job) j = {x, C, H, W, wp, bias, M, kh, kw, sh, sw, dh, dw, pt, pl, act, alpha, beta,
-                          y, Ho, Wo, split_m, 0, 0, {0}, 0};
-    long plane = (long)Ho * Wo;
+                          y, Ho, Wo, split_m, 0, 0, lo, hi, {0}, 0};
+    long plane = hi - lo;
     int direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && Ho == H && Wo == W;
     if (split_m) {
         int nb = (M + MR - 1) / MR;
@@ -292,8 +295,9 @@ int CAT(CONVG, _mt)(const float *x, int C, int H, int W, const float *wp, const 
         if (!direct && CAT(CONVG, _prep)(x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, Wo, 0, Ho, &j.s))
             return -1;
     } else if (!direct) {
-        j.chunks = Ho < 2 * threads ? Ho : 2 * threads;
-        j.step = (long)(Ho + j.chunks - 1) / j.chunks * Wo;
+        long rows = (plane + Wo - 1) / Wo;
+        j.chunks = rows < 2 * threads ? (int)rows : 2 * threads;
+        j.step = (rows + j.chunks - 1) / j.chunks * Wo;
     } else {
         long tiles = (plane + NR - 1) / NR;
         j.chunks = tiles < 2 * threads ? (int)tiles : 2 * threads;
@@ -305,6 +309,8 @@ int CAT(CONVG, _mt)(const float *x, int C, int H, int W, const float *wp, const 
 
 /* The weights' packing: MR output channels per block. */
 int CAT(CONVG, _mr)(void) { return MR; }
+/* Pixels per tile: a single-threaded call's pieces start at multiples of it (same tiles). */
+int CAT(CONVG, _nr)(void) { return NR; }
 #undef NR
 #undef NVM
 #undef KERNEL_NV

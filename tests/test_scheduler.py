@@ -466,3 +466,69 @@ def test_preemption_latency_reaches_prometheus(rng):
     text = prometheus_text([exe.dev])
     assert "# TYPE npurun_device_preemption_latency_seconds histogram" in text
     assert 'npurun_device_preemption_latency_seconds_bucket{device="reference",le="0.002"}' in text
+
+
+def _conv_program(rng, threads=2):
+    """A cpu-backend program of one 3x3 conv (Winograd) and one 5x5 conv (direct) on 64x64."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from npurun.backends import get_backend
+    from npurun.frontend.onnx import import_model
+    from npurun.passes.pipeline import prepare
+    w1 = numpy_helper.from_array(rng.standard_normal((24, 8, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((16, 24, 5, 5)).astype(np.float32), "w2")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4),
+                           helper.make_node("Conv", ["a", "w2"], ["y"], pads=[2] * 4)], "convs",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 64, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64, 64])], [w1, w2])
+    graph = import_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    return get_backend("cpu", threads).compile(prepare(graph, "cpu"))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_better_task_arriving_inside_a_long_conv_starts_within_one_piece(rng, monkeypatch, threads):
+    """Issue L: long convs run as pieces with a preemption point between them on a contended
+    device. A high-priority task that arrives during the first piece runs at the next piece
+    boundary (counted in pieces, never timed), and the conv's result is bit-identical to the
+    whole node's."""
+    from npurun.backends.cpu import nativeconv
+    from npurun.runtime import scheduler as sched
+    lo = _conv_program(rng, threads)
+    x = {"x": rng.standard_normal((1, 8, 64, 64)).astype(np.float32)}
+    whole = lo.run(x)["y"]  # no hook on this thread: every node whole
+    monkeypatch.setattr(nativeconv, "PIECE_FLOPS", 2e7)  # pieces of ~10 rows here
+    log = []
+    hi = Chain("hi", 2, log)
+    s = Scheduler(1, quantum=100, aging=1000)
+    s._contended_until = float("inf")  # as after two tasks shared the device
+    box = {}
+    real_piece = sched.Scheduler._piece
+
+    def piece(self, task):
+        log.append(("piece", task.name))
+        if "hi" not in box:
+            box["hi"] = self.submit(hi.program, X, priority=0, name="hi")
+        real_piece(self, task)
+    monkeypatch.setattr(sched.Scheduler, "_piece", piece)
+    out = s.submit(lo, x, priority=3, name="lo").result(timeout=60)["y"]
+    box["hi"].result(timeout=10)
+    assert log[:3] == [("piece", "lo"), ("hi", 0), ("hi", 1)], log[:6]
+    assert log.count(("piece", "lo")) >= 8
+    np.testing.assert_array_equal(out, whole)
+    lo_t = next(t for t in s.tasks() if t["name"] == "lo")
+    assert lo_t["pieces_yielded"] == 1 and lo_t["preemptions"] == 1
+
+
+def test_pieces_only_on_a_contended_device(rng):
+    """A task alone runs its nodes whole; the device is contended once two tasks were live."""
+    clock = FakeClock()
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    s.submit(Chain("a", 1, []).program, X).result(timeout=10)
+    assert not s._contended()
+    s.pause()
+    f1, f2 = s.submit(Chain("b", 1, []).program, X), s.submit(Chain("c", 1, []).program, X)
+    s.resume()
+    f1.result(timeout=10), f2.result(timeout=10)
+    assert s._contended()
+    clock.advance(1.5)
+    assert not s._contended()

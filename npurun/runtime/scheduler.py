@@ -48,6 +48,7 @@ import time
 import traceback
 from concurrent.futures import Future, InvalidStateError
 
+from ..backends import pieces
 from ..errors import NpurunError
 
 PRIORITIES = (0, 1, 2, 3)
@@ -123,6 +124,7 @@ class Task:
     # a worse level (it must wait for a preemption); the wait when it then gets a unit.
     preempt_from: float | None = None
     preempt_wait: float | None = None
+    pieces_yielded: int = 0  # times it gave up its unit inside a node (between pieces)
     steps_done: int = 0
     macs_done: int = 0
     # Steps and MACs counted at boundaries that skipped the lock (see Scheduler._boundary),
@@ -158,7 +160,7 @@ class Task:
                 "macs_done": self.macs_done, "macs_total": self.macs_total,
                 "run_s": run, "queue_wait_s": wait, "max_wait_s": max(self.max_wait, wait if self.state == WAITING else 0.0),
                 "slices": self.slices, "preemptions": self.preemptions,
-                "preempt_wait_s": self.preempt_wait,
+                "preempt_wait_s": self.preempt_wait, "pieces_yielded": self.pieces_yielded,
                 "macs_per_s": self.macs_done / run if run > 0 else 0.0,
                 "age_s": (self.finished_at or now) - self.submitted_at}
 
@@ -239,6 +241,7 @@ class Scheduler:
         self.slices = 0
         self.preemptions = 0
         self.preempt_latency = LatencyHistogram()
+        self._contended_until = float("-inf")  # see _contended
         self.macs_done = 0
         self.steps_done = 0
         self.listeners: list = []  # fn(event, task) for the monitor; called outside the lock
@@ -315,8 +318,12 @@ class Scheduler:
         # run for boundaries that could only say "go on".)
         quiet = task.deadline is None and task.trace is None and progress is None
         try:
-            result = program.run(feeds, progress=lambda i, n, label: self._boundary(task, i, label),
-                                 **({"attention": self.attention} if quiet else {}))
+            prev = pieces.install(pieces.Hook(lambda: self._piece(task), self._contended))
+            try:
+                result = program.run(feeds, progress=lambda i, n, label: self._boundary(task, i, label),
+                                     **({"attention": self.attention} if quiet else {}))
+            finally:
+                pieces.install(prev)
         except BaseException as e:  # noqa: BLE001 -- accounted like any task, then re-raised
             error = e
         if quiet and error is None and task.steps_done < task.steps_total:
@@ -405,6 +412,8 @@ class Scheduler:
         # It must wait for a preemption when no unit is free and a worse level holds one.
         full = len(self._running) >= self.active_lanes
         task.preempt_from = now if full and any(t.level > task.priority for t in self._running.values()) else None
+        if len(self.live) > 1:
+            self._contended_until = now + pieces.CONTENDED_S
         self._waiting.append(task)
         self.attention[0] = True
 
@@ -542,7 +551,11 @@ class Scheduler:
             err = self._check_stop(task, self.clock())
             if err:
                 raise err
-            result = task.program.run(task.feeds, progress=lambda i, n, label: self._boundary(task, i, label))
+            prev = pieces.install(pieces.Hook(lambda: self._piece(task), self._contended))
+            try:
+                result = task.program.run(task.feeds, progress=lambda i, n, label: self._boundary(task, i, label))
+            finally:
+                pieces.install(prev)
         except BaseException as e:  # noqa: BLE001 -- every failure goes to the task's future
             error = e
         task.feeds = None
@@ -594,19 +607,48 @@ class Scheduler:
             if step == task.steps_total:
                 return
             why = self._should_yield(task, now)
-            started = []
-            if why:
-                if why == "preempted":
-                    task.preemptions += 1
-                    self.preemptions += 1
-                self._release(task, now)
-                self._enqueue(task, now)
-                started = self._dispatch(now)
-                self._ensure_watchdog()
+            started = self._give_up(task, why, now) if why else []
         self._start(started)
         if not why:
             task.step_start = now
             return
+        self._wait_turn(task)
+
+    def _piece(self, task: Task):
+        """A preemption point between two pieces of a node (backends/pieces.py): stop, or
+        give the unit to a better task (or an equal one whose turn it is), as at a node
+        boundary; the node's remaining pieces run when the task gets a unit back."""
+        if not self._waiting and task.deadline is None and not task.future.cancelled():
+            return  # (unlocked hints: nobody to give the unit to, nothing to stop)
+        with self._cv:
+            now = self.clock()
+            err = self._check_stop(task, now)
+            if err is not None:
+                raise err
+            why = self._should_yield(task, now)
+            started = self._give_up(task, why, now) if why else []
+        self._start(started)
+        if why:
+            task.pieces_yielded += 1
+            self._wait_turn(task)
+
+    def _contended(self) -> bool:
+        """Whether kernels should run long nodes in pieces: another task was live lately."""
+        return self.clock() < self._contended_until
+
+    def _give_up(self, task: Task, why: str, now: float) -> list[Task]:
+        """Task leaves its unit for the queue (lock held); the tasks to start."""
+        if why == "preempted":
+            task.preemptions += 1
+            self.preemptions += 1
+        self._release(task, now)
+        self._enqueue(task, now)
+        started = self._dispatch(now)
+        self._ensure_watchdog()
+        return started
+
+    def _wait_turn(self, task: Task):
+        """Block the task's thread until the scheduler gives it a unit again."""
         self._emit("yield", task)
         with self._cv:
             while not task.wake:

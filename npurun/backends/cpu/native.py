@@ -88,10 +88,11 @@ def _signatures() -> dict:
     for isa in ("avx2", "avx512"):
         sig.update({
             f"npr_conv2d_{isa}": (conv + [I, I, I, I, L, I], I),            # conv.c: implicit GEMM
-            f"npr_conv2d_{isa}_mt": (conv + [I, I, I, I, I, I], I),
+            f"npr_conv2d_{isa}_mt": (conv + [I, I, I, I, I, I, I, I], I),   # ... threads, chunks, r0, r1
             f"npr_convg_{isa}": (conv + [I, I, L, L], I),                    # conv_gemm.c: flat pixels
-            f"npr_convg_{isa}_mt": (conv + [I, I, I, I], I),
+            f"npr_convg_{isa}_mt": (conv + [I, I, I, I, L, L], I),          # ... pixels [lo, hi)
             f"npr_convg_{isa}_mr": ([], I),
+            f"npr_convg_{isa}_nr": ([], I),
             f"npr_wino_{isa}": ([P, I, I, I, P, P, I, I, I, I, F, F, P, I, I, I, I, I], I),  # winograd.c
             f"npr_wino_{isa}_mt": ([P, I, I, I, P, P, I, I, I, I, F, F, P, I, I, I, I, I, I, I], I),
             f"npr_wino_mr_{isa}": ([], I),

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ...errors import BackendError
+from .. import pieces
 from ..reference.kernels.nn import _window_pads
 from . import native, winograd
 from .native import LIB, act_params, ptr
@@ -26,6 +27,10 @@ from .native import LIB, act_params, ptr
 MR = 4  # output channels per microkernel tile (csrc/conv.c)
 MIN_FLOPS_PER_BAND = 2e6  # below this a band costs more to hand to a thread than to run
 DW_FLOP_COST = 8  # a depthwise conv's FLOP in dense-conv FLOPs of time (for its bands)
+# Pieces' time model: dense FLOP/s per thread (on the low side of the kernels' 30-60 on the
+# development VM, so a piece errs short), and Winograd's F(4x4,3x3) saving in time.
+PIECE_FLOPS = 30e9
+WINO_SPEEDUP = 2.5
 # Outputs this big are stored with non-temporal stores: they leave the caches anyway, and
 # the stores then skip reading each line first (ESPCN's unbanded first conv, 236 MB out:
 # 99 -> 36 ms). At 1-4 MB (cascaded bands) A/B runs were inconclusive, so bands don't.
@@ -139,14 +144,26 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     flat = geo == (1, 1, 1, 1, 1, 1, 0, 0)
     rows = max(1, ho * wo // 64) if flat else ho  # the flat row splits into bands of 64-pixel groups
     bands = _bands(rows, threads, flops / group)
+    # Pieces (backends/pieces.py): on a contended device, a long conv's rows in ~1 ms ranges
+    # with a preemption point between them; the same kernel on the same rows (bit-identical).
+    # (Not for a flat pointwise conv: its pixel tiles start where a call starts, so other
+    # edges would change which pixels share a tile, and the rounding with it.)
+    cut = pieces.split(rows, flops / group / (PIECE_FLOPS * threads)) if not flat and pieces.wanted() \
+        else [(0, rows)]
     if threads > 1 and len(bands) > 1:  # the bands on par.h's spinning pool, a call per image and group
         mt = getattr(LIB, f"npr_conv2d_{isa or native.ISA}_mt")
         for i in range(n):
             for g in range(group):
                 wp, bp = packed[g]
-                _check(mt(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo, code, alpha, beta,
-                          ptr(y[i, g * mg:]), ho, wo, nt, int(flat), threads, len(bands)))
+                for k, (r0, r1) in enumerate(cut):
+                    if k:
+                        pieces.boundary()
+                    chunks = len(bands) if len(cut) == 1 else max(1, round(len(bands) * (r1 - r0) / rows))
+                    _check(mt(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo, code, alpha, beta,
+                              ptr(y[i, g * mg:]), ho, wo, nt, int(flat), threads, chunks, r0, r1))
         return y
+    if len(cut) > len(bands):
+        bands = cut
     jobs = [(i, g, r0, r1) for i in range(n) for g in range(group) for r0, r1 in bands]
 
     def run(job):
@@ -159,7 +176,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
             return
         _check(kernel(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo,
                       code, alpha, beta, ptr(y[i, g * mg:]), ho, wo, r0, r1, 0, nt))
-    _run(run, jobs)
+    _run(run, jobs, pieced=len(cut) > 1)
     return y
 
 
@@ -344,18 +361,27 @@ def _winograd(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
     bands = _bands(-(-ho // 4), threads, flops / 4)  # a quarter of the multiplies
     nt = int(y.nbytes >= STREAM_BYTES)
     mt = getattr(LIB, f"npr_wino_{isa or native.ISA}_mt", None)
+    tiles = -(-ho // 4)
+    # Pieces of tile rows (whole 4-row tiles: the same tiles as the whole node's).
+    cut = pieces.split(tiles, flops / (WINO_SPEEDUP * PIECE_FLOPS * threads)) if pieces.wanted() else [(0, tiles)]
     if threads > 1 and len(bands) > 1 and mt is not None:  # the bands on par.h's spinning pool
         for i in range(n):
-            _check(mt(ptr(x[i]), c, h, wd, ptr(u), ptr(bias), m, geo[6], geo[7], code, alpha, beta,
-                      ptr(y[i]), ho, wo, 0, -(-ho // 4), nt, threads, len(bands)))
+            for k, (t0, t1) in enumerate(cut):
+                if k:
+                    pieces.boundary()
+                chunks = len(bands) if len(cut) == 1 else max(1, round(len(bands) * (t1 - t0) / tiles))
+                _check(mt(ptr(x[i]), c, h, wd, ptr(u), ptr(bias), m, geo[6], geo[7], code, alpha, beta,
+                          ptr(y[i]), ho, wo, t0, t1, nt, threads, chunks))
         return y
+    if len(cut) > len(bands):
+        bands = cut
     jobs = [(i, r0, r1) for i in range(n) for r0, r1 in bands]
 
     def run(job):
         i, r0, r1 = job
         _check(fn(ptr(x[i]), c, h, wd, ptr(u), ptr(bias), m, geo[6], geo[7], code, alpha, beta,
                   ptr(y[i]), ho, wo, r0, r1, nt))
-    _run(run, jobs)
+    _run(run, jobs, pieced=len(cut) > 1)
     return y
 
 
@@ -365,7 +391,7 @@ def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flo
     pixels: each thread then streams only its share of the weights, and no band ends in a
     short tile), else bands of whole output rows; the parts run on conv_gemm.c's workers,
     which spin between convs (csrc/par.h says why), not on the program's pool."""
-    mr = getattr(LIB, f"npr_convg_{isa}_mr")()
+    mr, nr = getattr(LIB, f"npr_convg_{isa}_mr")(), getattr(LIB, f"npr_convg_{isa}_nr")()
     if ("flat", mr) not in cache:
         cache["flat", mr] = pack(w, b, 1, mr)[0]
     wp, bp = cache["flat", mr]
@@ -377,14 +403,26 @@ def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flo
     if parts > 1:  # one call per image, its parts on conv_gemm.c's own spinning workers
         fn, post = getattr(LIB, f"npr_convg_{isa}_mt"), (ho, wo, parts, int(split_m))
     else:
-        fn, post = getattr(LIB, f"npr_convg_{isa}"), (ho, wo, 0, ho * wo)
+        fn, post = getattr(LIB, f"npr_convg_{isa}"), (ho, wo)  # + pixels [p0, p1)
     xstep, ystep = 4 * c * h * wd, 4 * m * ho * wo  # bytes per image
 
     def run(x):
         y = empty(yshape)
         xp, yp = ptr(x), ptr(y)
+        # Pieces on a contended device: whole output rows through the threaded entry point (it
+        # splits its parts at whole rows too), whole tiles of pixels on one thread (its one
+        # call tiles pixels across rows from pixel 0); split_m's small images run whole.
+        if split_m or not pieces.wanted():
+            cut = [(0, ho * wo)]
+        elif parts > 1:
+            cut = [(r0 * wo, r1 * wo) for r0, r1 in pieces.split(ho, flops / (PIECE_FLOPS * parts))]
+        else:
+            cut = pieces.split(ho * wo, flops / PIECE_FLOPS, unit=nr)
         for i in range(n):
-            _check(fn(xp + i * xstep, *pre, yp + i * ystep, *post))
+            for k, (p0, p1) in enumerate(cut):
+                if k:
+                    pieces.boundary()
+                _check(fn(xp + i * xstep, *pre, yp + i * ystep, *post, p0, p1))
         return y
     run.packed = (wp, bp)  # kept alive with the plan
     return run
@@ -405,10 +443,13 @@ def _bands(rows: int, threads: int, flops: float) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
 
 
-def _run(fn, jobs):
+def _run(fn, jobs, pieced: bool = False):
     """The jobs one after another on the calling thread (one thread, or a conv too small to
-    split: more threads go to the library's pool through the kernels' _mt entry points)."""
-    for j in jobs:
+    split: more threads go to the library's pool through the kernels' _mt entry points);
+    pieced: a preemption point between two jobs."""
+    for k, j in enumerate(jobs):
+        if pieced and k:
+            pieces.boundary()
         fn(j)
 
 
