@@ -51,6 +51,22 @@ class Npurun:
         self.exe.run_sync(self.hi if which == "hi" else self.lo, x, priority=priority)
 
 
+class NpurunWhole(Npurun):
+    """npurun with its long nodes run whole (no pieces, backends/pieces.py): the A/B base."""
+    name = "npurun, nodes whole"
+
+    def __init__(self, threads, hi_model, lo_model):
+        super().__init__(threads, hi_model, lo_model)
+        from npurun.backends import pieces
+        self._pieces, self._contended = pieces, pieces.CONTENDED_S
+
+    def start(self):
+        self._pieces.CONTENDED_S = -1.0  # never contended: every node whole
+
+    def stop(self):
+        self._pieces.CONTENDED_S = self._contended
+
+
 class Ort:
     """Two sessions (one per model), each with all threads, sharing the machine as two
     processes would; requests of the stream queue on one worker thread per session."""
@@ -153,7 +169,7 @@ def main():
     ap.add_argument("--period", type=float, default=0.05)
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", choices=["npurun", "onnxruntime"])
+    ap.add_argument("--only", choices=["npurun", "onnxruntime", "npurun, nodes whole"])
     args = ap.parse_args()
     from models.fetch import fetch
     hi_model, lo_model = ROOT / "npurun" / "zoo" / "espcn_x3.onnx", fetch("ppocr_det")
@@ -163,14 +179,21 @@ def main():
     print(f"# ESPCN {args.tile}x{args.tile} every {args.period * 1000:.0f} ms at priority 0 beside PP-OCRv4 det "
           f"640x640 at priority 3; {args.threads} threads, {args.duration:g} s per scenario")
     results = {}
-    for cls in (Npurun, Ort):
+    for cls in (Npurun, NpurunWhole, Ort):
         if args.only and cls.name != args.only:
             continue
         rt = cls(args.threads, hi_model, lo_model)
+        getattr(rt, "start", lambda: None)()
         rt.run("hi", xhi, 0), rt.run("lo", xlo, 3)  # warm up
         results[cls.name] = r = scenarios(rt, xhi, xlo, args)
+        getattr(rt, "stop", lambda: None)()
         solo99, mix99 = pct(r["solo_hi"], 99), pct(r["mixed_hi"], 99)
         print(f"\n{cls.name}:")
+        if hasattr(rt, "exe"):
+            lat = rt.exe.dev.stats()["preemption_latency"]
+            if lat["count"]:
+                print(f"  preemption latency: p50 {lat['p50_s'] * 1e3:.2f} ms  p99 {lat['p99_s'] * 1e3:.2f} ms  "
+                      f"max {lat['max_s'] * 1e3:.2f} ms over {lat['count']} preemptions (goal p99 <= 2 ms)")
         print(f"  solo  hi: p50 {pct(r['solo_hi'], 50) * 1e3:7.1f} ms  p99 {solo99 * 1e3:7.1f} ms  "
               f"({len(r['solo_hi'])} requests; back to back {r['solo_hi_loop']:.2f}/s)")
         print(f"  solo  lo: {r['solo_lo']:.3f} runs/s")

@@ -158,7 +158,8 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
                 for k, (r0, r1) in enumerate(cut):
                     if k:
                         pieces.boundary()
-                    chunks = len(bands) if len(cut) == 1 else max(1, round(len(bands) * (r1 - r0) / rows))
+                    # (a piece's rows on every thread: 2 parts each, as the spinning pool balances)
+                    chunks = len(bands) if len(cut) == 1 else min(r1 - r0, 2 * threads)
                     _check(mt(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo, code, alpha, beta,
                               ptr(y[i, g * mg:]), ho, wo, nt, int(flat), threads, chunks, r0, r1))
         return y
@@ -369,7 +370,7 @@ def _winograd(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
             for k, (t0, t1) in enumerate(cut):
                 if k:
                     pieces.boundary()
-                chunks = len(bands) if len(cut) == 1 else max(1, round(len(bands) * (t1 - t0) / tiles))
+                chunks = len(bands) if len(cut) == 1 else min(t1 - t0, 2 * threads)
                 _check(mt(ptr(x[i]), c, h, wd, ptr(u), ptr(bias), m, geo[6], geo[7], code, alpha, beta,
                           ptr(y[i]), ho, wo, t0, t1, nt, threads, chunks))
         return y
