@@ -61,3 +61,28 @@ def test_split_covers_the_range_in_units():
 def test_no_hook_no_pieces():
     assert not pieces.wanted()
     pieces.boundary()  # a no-op off a task thread
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "max", "min"])
+def test_elementwise_pieces_are_bit_identical(rng, monkeypatch, op):
+    """cpu/ops/elementwise_pieces.py: large float32 maps in pieces along the first axis longer
+    than 1, broadcast operands (a channel scale, a scalar, a lower rank) passed whole."""
+    from npurun.backends.cpu.ops import elementwise_pieces as ep
+    from npurun.backends.reference.kernels import KERNELS as REF
+    kernel = ep.KERNELS[op](None)
+    monkeypatch.setattr(ep, "SECONDS_PER_ELEMENT", 1e-8)  # ~100 k elements a piece
+    for sa, sb in [((1, 96, 120, 100), (1, 96, 120, 100)), ((1, 96, 120, 100), (1, 96, 1, 1)),
+                   ((2, 8, 300, 300), (300,)), ((1, 1, 1200, 1000), (1, 1, 1, 1000)), ((1, 64, 130, 130), ())]:
+        a = (rng.standard_normal(sa) + 3).astype(np.float32)
+        b = np.asarray(rng.standard_normal(sb) + 3, dtype=np.float32)
+        hook = Counter()
+        prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
+        try:
+            got = kernel(a, b)
+        finally:
+            pieces.install(prev)
+        assert hook.n > 0, (sa, sb)
+        np.testing.assert_array_equal(got, REF[op](a, b))
+        assert kernel(a, b).dtype == np.float32  # off a task thread: the reference call
+    ints = rng.integers(1, 9, (1, 4, 600, 600)).astype(np.int32)
+    np.testing.assert_array_equal(kernel(ints, ints), REF[op](ints, ints))

@@ -1,0 +1,51 @@
+"""Binary elementwise ops on large float32 maps as pieces (backends/pieces.py, issue L).
+
+A DBNet-class detector adds and scales 96x160x160 maps (2.5 M elements, 3-10 ms here) in
+NumPy's one call; on a contended device that call is a stretch no better task can enter. Here
+the output is written in pieces along its first axis longer than 1 (channels, for one image),
+each the reference kernel on the operands' matching slices (an operand broadcast along that
+axis is passed whole), with a preemption point between pieces. Elementwise, so the result is
+bit-identical to the whole call's; alone on the device (or below PIECE_MIN elements, or other
+dtypes), it is the reference kernel itself.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import pieces
+from ...reference.kernels import KERNELS as REF
+
+PIECE_MIN = 1 << 20       # elements: a smaller map is under ~1 ms anyway
+SECONDS_PER_ELEMENT = 1e-9  # NumPy's float32 add/mul here, read + write (errs long: pieces err short)
+OPS = ("add", "sub", "mul", "div", "max", "min")
+
+
+def _make(op):
+    ref = REF[op]
+
+    def run(a, b):
+        # (cheapest tests first: a model's many small adds must not pay for this wrapper)
+        if type(a) is not np.ndarray or type(b) is not np.ndarray or max(a.size, b.size) < PIECE_MIN \
+                or a.dtype != np.float32 or b.dtype != np.float32 or not pieces.wanted():
+            return ref(a, b)
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        size = int(np.prod(shape))
+        axis = next((k for k, d in enumerate(shape) if d > 1), None)
+        if axis is None:
+            return ref(a, b)
+        out = np.empty(shape, np.float32)
+
+        def part(x, i0, i1):  # x's slice [i0, i1) along the output's `axis` (right-aligned ranks)
+            k = axis - (len(shape) - x.ndim)
+            if k < 0 or x.shape[k] == 1:
+                return x
+            return x[(slice(None),) * k + (slice(i0, i1),)]
+        for j, (i0, i1) in enumerate(pieces.split(shape[axis], size * SECONDS_PER_ELEMENT)):
+            if j:
+                pieces.boundary()
+            out[(slice(None),) * axis + (slice(i0, i1),)] = ref(part(a, i0, i1), part(b, i0, i1))
+        return out
+    return run
+
+
+KERNELS = {op: (lambda op: lambda program: _make(op))(op) for op in OPS}
