@@ -532,3 +532,17 @@ def test_pieces_only_on_a_contended_device(rng):
     assert s._contended()
     clock.advance(1.5)
     assert not s._contended()
+
+
+def test_a_new_equal_priority_task_behind_in_service_enters_at_the_next_boundary():
+    """Fair share at equal priority (issue L): a task that arrives during a long task's slice,
+    its group behind in device time, runs at the next boundary instead of waiting out the
+    long task's quantum; tasks already waiting when the slice began still wait for it."""
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    short = Chain("short", 2, log, clock)
+    box = {}
+    long = Chain("long", 8, log, clock, hooks={2: lambda: box.setdefault("s", s.submit(short.program, X, priority=2))})
+    s.submit(long.program, X, priority=2).result(timeout=10)
+    box["s"].result(timeout=10)
+    assert names(log) == ["long"] * 3 + ["short"] * 2 + ["long"] * 5

@@ -55,6 +55,9 @@ PRIORITIES = (0, 1, 2, 3)
 DEFAULT_PRIORITY = 2
 
 WAITING, RUNNING, DONE = "waiting", "running", "done"
+# A new equal-priority task whose group is this far behind in device time takes the unit at
+# the next boundary rather than at the end of the running task's quantum (see _owed).
+WAKEUP_S = 0.001
 # Seconds an idle task thread or the watchdog waits for work before it exits (real time).
 IDLE_S = 2.0
 # Longest time between two locked step boundaries of a task running alone (Scheduler._boundary).
@@ -487,12 +490,24 @@ class Scheduler:
         waiting = [(self._eff(t, now), t) for t in self._waiting]
         if any(lv < task.level for lv, _ in waiting):
             return "preempted"
+        if waiting and self._owed(task, now, waiting):
+            return "quantum"
         if now - task.slice_start >= self.quantum:
             mine = self._vtime[task.group] + (now - task.slice_start)
             if self.duty < 1.0 or any(lv < task.level or (lv == task.level and (
                     lv < t.priority or self._vtime[t.group] <= mine)) for lv, t in waiting):
                 return "quantum"
         return None
+
+    def _owed(self, task: Task, now: float, waiting) -> bool:
+        """Whether an equal-level task that arrived during this slice, new (it has never run),
+        is owed the unit now: its group has had WAKEUP_S less device time than this one's
+        (as Linux's CFS preempts on wake-up). Without it a short task arriving beside a long
+        one waited out the long one's quantum every time: ESPCN requests back to back beside
+        PP-OCR det got 16-25% of their solo throughput at equal priority (Jain 0.71-0.82)."""
+        mine = self._vtime.get(task.group, 0.0) + (now - task.slice_start)
+        return any(lv == task.level and not t.started and t.ready_since > task.slice_start
+                   and self._vtime.get(t.group, 0.0) + WAKEUP_S < mine for lv, t in waiting)
 
     def _release(self, task: Task, now: float):
         """Task leaves its unit (lock held)."""
