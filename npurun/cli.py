@@ -114,6 +114,10 @@ def _upscale_many(args) -> int:
     from .commands import batch
     from .zoo import espcn
     batch.check_job_flags(args)
+    from .batch.job import IMAGE_EXTS
+    if Path(args.output).suffix.lower() in IMAGE_EXTS and not Path(args.output).is_dir():
+        raise InputError(f"-o {args.output}: {', '.join(args.input)} is a batch job (a folder, a glob or several "
+                         f"photos), which writes a folder of outputs; give -o a folder, and --format for their type")
     suffix = "." + args.format.lower().lstrip(".")
     espcn.output_format("x" + suffix)  # a bad --format fails before any work
     spec = Spec(kind="upscale", model=str(Path(args.model or zoo.path("espcn_x3.onnx")).resolve()),

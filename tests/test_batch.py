@@ -100,8 +100,9 @@ def test_bad_job_arguments_fail_before_work(tmp_path, rng):
             ([tmp_path / "nothing-here"], "no such file or folder"),
             ([str(tmp_path / "a" / "*.gif")], "matches no file"),
             ([tmp_path / "a", "--workers", "2"], "--workers and --resource go with --ray"),
-            ([tmp_path / "a", "--format", "xyz"], "unknown output format")):
-        r = subprocess.run([sys.executable, "-m", "npurun", "upscale", *map(str, args), "-o", str(tmp_path / "o")],
+            ([tmp_path / "a", "--format", "xyz"], "unknown output format"),
+            ([tmp_path / "a", "-o", tmp_path / "big.png"], "give -o a folder")):
+        r = subprocess.run([sys.executable, "-m", "npurun", "upscale", "-o", str(tmp_path / "o"), *map(str, args)],
                            capture_output=True, text=True, env=env, timeout=120)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.startswith("npurun: error: ") and words in r.stderr, (words, r.stderr)
