@@ -86,3 +86,39 @@ def test_elementwise_pieces_are_bit_identical(rng, monkeypatch, op):
         assert kernel(a, b).dtype == np.float32  # off a task thread: the reference call
     ints = rng.integers(1, 9, (1, 4, 600, 600)).astype(np.int32)
     np.testing.assert_array_equal(kernel(ints, ints), REF[op](ints, ints))
+
+
+def test_affine_chain_and_conv_transpose_pieces_are_bit_identical(rng, monkeypatch):
+    """The fused affine+activation chain in flat pieces of whole 64-float blocks, and the
+    reference ConvTranspose with a preemption point between its kernel taps."""
+    from npurun.backends.cpu.ops import fused
+    from npurun.backends.reference.kernels import KERNELS as REF
+    if fused.AFFINE_ACT is not None:
+        kernel = fused.make_affine_activation(None)
+        monkeypatch.setattr(fused, "AFFINE_S_PER_ELEMENT", 1e-8)
+        for shape in [(1, 96, 120, 101), (3, 1_100_001)]:
+            x = rng.standard_normal(shape).astype(np.float32)
+            kw = dict(s0=1.3, t0=-0.2, activation="relu", activation_params=(), s1=0.7, t1=0.1)
+            whole = kernel(x, **kw)
+            hook = Counter()
+            prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
+            try:
+                part = kernel(x, **kw)
+            finally:
+                pieces.install(prev)
+            assert hook.n > 0
+            np.testing.assert_array_equal(part, whole)
+            np.testing.assert_allclose(whole, REF["affine_activation"](x, **kw), rtol=1e-6, atol=1e-6)
+    x = rng.standard_normal((1, 6, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    attrs = dict(strides=[2, 2], pads=[1, 1, 1, 1], dilations=[1, 1], group=1, kernel_shape=[3, 3],
+                 auto_pad="NOTSET", output_padding=[0, 0], output_shape=None)
+    whole = REF["conv_transpose"](x, w, **attrs)
+    hook = Counter()
+    prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
+    try:
+        part = REF["conv_transpose"](x, w, **attrs)
+    finally:
+        pieces.install(prev)
+    assert hook.n == 8  # between the 9 taps
+    np.testing.assert_array_equal(part, whole)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import pieces
+
 from ...reference.kernels import KERNELS as REF
 from .. import native
 from . import matmul as MM
@@ -107,9 +109,21 @@ def make_affine_activation(program):
         code, alpha, beta = native.act_params(act, act_attrs)
         x = np.ascontiguousarray(x)
         y = np.empty_like(x)
-        AFFINE_ACT(native.ptr(x), native.ptr(y), x.size, s0, t0, code, alpha, beta, s1, t1)
+        xp, yp = native.ptr(x), native.ptr(y)
+        # Pieces on a contended device (backends/pieces.py): flat ranges of whole 64-float
+        # blocks, so every vector lane and the one tail fall where the whole call's do.
+        cut = pieces.split(x.size, x.size * AFFINE_S_PER_ELEMENT, unit=64) \
+            if x.size >= PIECE_MIN and pieces.wanted() else [(0, x.size)]
+        for k, (i0, i1) in enumerate(cut):
+            if k:
+                pieces.boundary()
+            AFFINE_ACT(xp + 4 * i0, yp + 4 * i0, i1 - i0, s0, t0, code, alpha, beta, s1, t1)
         return y
     return affine_activation
+
+
+PIECE_MIN = 1 << 20  # elements: smaller maps run in one call (under ~1 ms)
+AFFINE_S_PER_ELEMENT = 1e-9
 
 
 KERNELS = {} if T.LIB is None else {
