@@ -70,8 +70,10 @@ def _add_device(p):
 # ---------------------------------------------------------------- commands
 
 def cmd_upscale(args) -> int:
-    if not (len(args.input) == 1 and Path(args.input[0]).is_file() and not Path(args.output).is_dir()
-            and Path(args.output).suffix):
+    # One photo to one file, unless the input is a folder or a glob, there are several, or -o
+    # is a folder (an existing one, or a name without a suffix): then a batch job.
+    one = len(args.input) == 1 and not Path(args.input[0]).is_dir() and not set("*?[") & set(args.input[0])
+    if not one or Path(args.output).is_dir() or not Path(args.output).suffix:
         return _upscale_many(args)
     from . import zoo
     from .frontend import load
