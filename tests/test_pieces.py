@@ -122,3 +122,21 @@ def test_affine_chain_and_conv_transpose_pieces_are_bit_identical(rng, monkeypat
         pieces.install(prev)
     assert hook.n == 8  # between the 9 taps
     np.testing.assert_array_equal(part, whole)
+
+
+def test_concat_pieces_are_exact(rng):
+    from npurun.backends.cpu.ops.concat_pieces import KERNELS as CK
+    from npurun.backends.reference.kernels import KERNELS as REF
+    concat = CK["concat"](None)
+    xs = [rng.standard_normal((1, 24, 160, 160)).astype(np.float32) for _ in range(4)]
+    for axis in (1, -1, 0):
+        hook = Counter()
+        prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
+        try:
+            got = concat(*xs, axis=axis)
+        finally:
+            pieces.install(prev)
+        assert hook.n == 3
+        np.testing.assert_array_equal(got, REF["concat"](*xs, axis=axis))
+    small = [x[:, :2, :8] for x in xs]
+    np.testing.assert_array_equal(concat(*small, axis=1), np.concatenate(small, axis=1))
