@@ -49,6 +49,15 @@ def boundary() -> None:
         h.boundary()
 
 
+def each(parts):
+    """The items of `parts`, with a preemption point between two of them (not before the
+    first: the node boundary before it was one; not after the last: the next one is)."""
+    for k, p in enumerate(parts):
+        if k:
+            boundary()
+        yield p
+
+
 def split(total: int, seconds: float, unit: int = 1) -> list[tuple[int, int]]:
     """[0, total) cut into ranges of about PIECE_S each, given `seconds` for the whole; edges
     at multiples of `unit` (a Winograd tile row, a block of channels)."""

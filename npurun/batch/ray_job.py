@@ -15,6 +15,7 @@ rows reach the driver once, so the manifest has one row per input.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -22,9 +23,6 @@ from ..errors import InputError, NpurunError
 from .job import Item, Spec, row, sha256_file
 
 BATCH = 4  # items per actor call: little to replay after a kill
-# Two calls run at once in each actor (threads), on its one Worker: one batch's first decode
-# and last encode overlap the other's compute, so the pipeline does not drain every BATCH
-# items (one call at a time cost ~50 ms a 4K photo, 14% of its compute).
 _KEYS = ("input", "output", "status", "sha256", "error", "worker")
 
 
@@ -74,7 +72,6 @@ def run_on_ray(spec: Spec, items: list[Item], on_result, *, address: str | None,
     started = init(address)
     import ray
     import ray.data
-    import logging
     logging.getLogger("ray.data").setLevel(logging.ERROR)  # (its INFO lines about plans; errors raise)
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False  # npurun draws its own
@@ -88,6 +85,9 @@ def run_on_ray(spec: Spec, items: list[Item], on_result, *, address: str | None,
         workers = max(1, min(workers, -(-len(items) // BATCH)))
         ds = ray.data.from_items([{"input": it.input, "output": it.output, "part": -1 if it.part is None else it.part}
                                   for it in items], override_num_blocks=max(1, -(-len(items) // BATCH)))
+        # Two calls at once in each actor (threads) on its one Worker: one batch's first decode
+        # and last encode overlap the other's compute, so the pipeline does not drain every
+        # BATCH items (one call at a time cost ~50 ms a 4K photo, 14% of its compute).
         ds = ds.map_batches(RayWorker, fn_constructor_args=(spec,), batch_size=BATCH, batch_format="numpy",
                             compute=ray.data.ActorPoolStrategy(size=workers, max_concurrent_calls_per_actor=2,
                                                                enable_true_multi_threading=True),

@@ -61,9 +61,7 @@ def run_job(spec: Spec, items: list[Item], outdir, fingerprint: dict, *, graph=N
 
     t0 = time.perf_counter()
     try:
-        if not todo:
-            pass
-        elif ray is None:
+        if todo and ray is None:
             from .pipeline import run_items
             from .work import Worker
             worker = Worker(spec, graph)
@@ -71,7 +69,7 @@ def run_job(spec: Spec, items: list[Item], outdir, fingerprint: dict, *, graph=N
                 run_items(worker, todo, on_result, io_threads=spec.io_threads, who=f"{os.getpid()}@local")
             finally:
                 worker.close()
-        else:
+        elif todo:
             from .ray_job import run_on_ray
             run_on_ray(spec, todo, on_result, address=ray, workers=workers, resource=resource)
     finally:

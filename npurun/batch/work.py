@@ -60,7 +60,7 @@ class Worker:
     def close(self):
         self.exe.close()
 
-    # -- stages (load and store run in I/O threads, compute in the caller's)
+    # -- stages (load and store run in the pipeline's I/O threads, compute in its compute threads)
     def load(self, item: Item):
         if self.spec.kind == "upscale":
             from ..zoo import espcn

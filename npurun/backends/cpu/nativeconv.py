@@ -155,9 +155,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         for i in range(n):
             for g in range(group):
                 wp, bp = packed[g]
-                for k, (r0, r1) in enumerate(cut):
-                    if k:
-                        pieces.boundary()
+                for r0, r1 in pieces.each(cut):
                     # (a piece's rows on every thread: 2 parts each, as the spinning pool balances)
                     chunks = len(bands) if len(cut) == 1 else min(r1 - r0, 2 * threads)
                     _check(mt(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo, code, alpha, beta,
@@ -367,9 +365,7 @@ def _winograd(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
     cut = pieces.split(tiles, flops / (WINO_SPEEDUP * PIECE_FLOPS * threads)) if pieces.wanted() else [(0, tiles)]
     if threads > 1 and len(bands) > 1 and mt is not None:  # the bands on par.h's spinning pool
         for i in range(n):
-            for k, (t0, t1) in enumerate(cut):
-                if k:
-                    pieces.boundary()
+            for t0, t1 in pieces.each(cut):
                 chunks = len(bands) if len(cut) == 1 else min(t1 - t0, 2 * threads)
                 _check(mt(ptr(x[i]), c, h, wd, ptr(u), ptr(bias), m, geo[6], geo[7], code, alpha, beta,
                           ptr(y[i]), ho, wo, t0, t1, nt, threads, chunks))
@@ -420,9 +416,7 @@ def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flo
         else:
             cut = pieces.split(ho * wo, flops / PIECE_FLOPS, unit=nr)
         for i in range(n):
-            for k, (p0, p1) in enumerate(cut):
-                if k:
-                    pieces.boundary()
+            for p0, p1 in pieces.each(cut):
                 _check(fn(xp + i * xstep, *pre, yp + i * ystep, *post, p0, p1))
         return y
     run.packed = (wp, bp)  # kept alive with the plan
@@ -448,9 +442,7 @@ def _run(fn, jobs, pieced: bool = False):
     """The jobs one after another on the calling thread (one thread, or a conv too small to
     split: more threads go to the library's pool through the kernels' _mt entry points);
     pieced: a preemption point between two jobs."""
-    for k, j in enumerate(jobs):
-        if pieced and k:
-            pieces.boundary()
+    for j in pieces.each(jobs) if pieced else jobs:
         fn(j)
 
 

@@ -40,9 +40,7 @@ def _make(op):
             if k < 0 or x.shape[k] == 1:
                 return x
             return x[(slice(None),) * k + (slice(i0, i1),)]
-        for j, (i0, i1) in enumerate(pieces.split(shape[axis], size * SECONDS_PER_ELEMENT)):
-            if j:
-                pieces.boundary()
+        for i0, i1 in pieces.each(pieces.split(shape[axis], size * SECONDS_PER_ELEMENT)):
             out[(slice(None),) * axis + (slice(i0, i1),)] = ref(part(a, i0, i1), part(b, i0, i1))
         return out
     return run

@@ -114,9 +114,7 @@ def make_affine_activation(program):
         # blocks, so every vector lane and the one tail fall where the whole call's do.
         cut = pieces.split(x.size, x.size * AFFINE_S_PER_ELEMENT, unit=64) \
             if x.size >= PIECE_MIN and pieces.wanted() else [(0, x.size)]
-        for k, (i0, i1) in enumerate(cut):
-            if k:
-                pieces.boundary()
+        for i0, i1 in pieces.each(cut):
             AFFINE_ACT(xp + 4 * i0, yp + 4 * i0, i1 - i0, s0, t0, code, alpha, beta, s1, t1)
         return y
     return affine_activation

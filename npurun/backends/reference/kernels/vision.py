@@ -39,9 +39,8 @@ def conv_transpose(x, w, b=None, *, strides, pads, dilations, group, kernel_shap
                       dtype=np.result_type(x, w))
     xg = x.reshape(n, g, c // g, -1)
     wg = w.reshape(g, c // g, m // g, *w.shape[2:])
-    for k, tap in enumerate(itertools.product(*[range(k) for k in ks])):
-        if k:  # a preemption point between taps (backends/pieces.py; nothing off a task thread)
-            pieces.boundary()
+    # (a preemption point between taps: backends/pieces.py; nothing off a task thread)
+    for tap in pieces.each(itertools.product(*[range(k) for k in ks])):
         part = np.swapaxes(wg[(slice(None),) * 3 + tap], 1, 2) @ xg  # (N, g, M/g, prod S)
         idx = tuple(slice(shift[i] + t * dilations[i], shift[i] + t * dilations[i]
                           + (x.shape[2 + i] - 1) * strides[i] + 1, strides[i]) for i, t in enumerate(tap))
