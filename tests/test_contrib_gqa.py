@@ -32,6 +32,8 @@ def _case(rng, b, s, past_len, lens, packed=False, rotary=None, attrs=None, extr
         feeds.update(q=q, k=k, v=v)
     if past_len:
         pk, pv = nonzero_normal(rng, (b, NKV, past_len, H)), nonzero_normal(rng, (b, NKV, past_len, H))
+        for r, n in enumerate(lens):  # a cache buffer holds zeros past each row's tokens, as a
+            pk[r, :, n - s:] = pv[r, :, n - s:] = 0  # generator keeps it (in place: present is past)
         ins += [("pk", pk), ("pv", pv)]
         feeds.update(pk=pk, pv=pv)
     else:

@@ -56,23 +56,40 @@ def gqa_with(work, query, key=None, value=None, past_key=None, past_value=None, 
         cos, sin = np.asarray(cos_cache, work), np.asarray(sin_cache, work)
         q, k = _rope(q, cos, sin, pos, rotary_interleaved), _rope(k, cos, sin, pos, rotary_interleaved)
     cap = max(p_len, int(np.asarray(total_sequence_length).reshape(-1)[0]))
-    pk = np.zeros((b, nkv, cap, h), work)
-    pv = np.zeros((b, nkv, cap, h), work)
-    for r in range(b):  # the row's past up to its new tokens, then them; zeros after
-        if past_key is not None:
-            pk[r, :, :start[r]], pv[r, :, :start[r]] = past_key[r, :, :start[r]], past_value[r, :, :start[r]]
-        n_new = min(s, cap - int(start[r]))
-        pk[r, :, start[r]:start[r] + n_new] = k[r, :, :n_new]
-        pv[r, :, start[r]:start[r] + n_new] = v[r, :, :n_new]
+    if _shares(past_key, past_value, cap, query.dtype):
+        # The past buffers have room for every row's new tokens (ONNX Runtime GenAI's
+        # past_present_share_buffer): the new rows are written into them and they are the
+        # present; nothing else of the cache is copied (rows past a row's tokens keep what
+        # they held: zeros, in a buffer a generator allocates).
+        pk, pv = past_key, past_value
+        for r in range(b):
+            n_new = min(s, cap - int(start[r]))
+            pk[r, :, start[r]:start[r] + n_new] = k[r, :, :n_new]
+            pv[r, :, start[r]:start[r] + n_new] = v[r, :, :n_new]
+        present_k, present_v = pk, pv
+    else:
+        pk = np.zeros((b, nkv, cap, h), work)
+        pv = np.zeros((b, nkv, cap, h), work)
+        for r in range(b):  # the row's past up to its new tokens, then them; zeros after
+            if past_key is not None:
+                pk[r, :, :start[r]], pv[r, :, :start[r]] = past_key[r, :, :start[r]], past_value[r, :, :start[r]]
+            n_new = min(s, cap - int(start[r]))
+            pk[r, :, start[r]:start[r] + n_new] = k[r, :, :n_new]
+            pv[r, :, start[r]:start[r] + n_new] = v[r, :, :n_new]
+        present_k, present_v = pk.astype(query.dtype, copy=False), pv.astype(query.dtype, copy=False)
+    # Keys past the longest row's tokens are never attended: the products stop there.
+    t = min(cap, int(total.max()))
+    kx, vx = np.asarray(pk[:, :, :t], work), np.asarray(pv[:, :, :t], work)
     group = nq // nkv
-    kx, vx = np.repeat(pk, group, axis=1), np.repeat(pv, group, axis=1)
     sc = 1.0 / np.sqrt(h) if scale in (None, 0.0) else scale
-    scores = (q @ np.swapaxes(kx, -1, -2)) * sc  # (B, Nq, S, cap)
+    # Each key/value head with its group of query heads stacked as rows: no repeated keys.
+    qg = q.reshape(b, nkv, group * s, h)
+    scores = (qg @ np.swapaxes(kx, -1, -2)).reshape(b, nq, s, t) * sc  # (B, Nq, S, T)
     if softcap:
         scores = softcap * np.tanh(scores / softcap)
     if attention_bias is not None:
-        scores = scores + np.asarray(attention_bias, work)
-    j = np.arange(cap)[None, None, :]
+        scores = scores + np.asarray(attention_bias, work)[..., :t]
+    j = np.arange(t)[None, None, :]
     qpos = start[:, None, None] + np.arange(s)[None, :, None]  # (B, S, 1)
     allowed = (j < total[:, None, None]) & np.ones((1, s, 1), bool)
     if causal:
@@ -91,9 +108,17 @@ def gqa_with(work, query, key=None, value=None, past_key=None, past_value=None, 
         m = np.maximum(m, sink)
     e = np.exp(scores - m)
     den = e.sum(axis=-1, keepdims=True) + (0 if sink is None else np.exp(sink - m))
-    y = (e / den) @ vx
+    y = ((e / den).reshape(b, nkv, group * s, t) @ vx).reshape(b, nq, s, h)
     y = y.transpose(0, 2, 1, 3).reshape(b, s, nq * h).astype(query.dtype)
-    return y, pk.astype(query.dtype), pv.astype(query.dtype)
+    return y, present_k, present_v
+
+
+def _shares(past_key, past_value, cap, dtype) -> bool:
+    """Do the past buffers take the present in place (room for every new row, writable, of
+    the query's type)?"""
+    return (past_key is not None and past_value is not None and past_key.shape[2] >= cap
+            and past_value.shape[2] >= cap and past_key.dtype == past_value.dtype == dtype
+            and past_key.flags.writeable and past_value.flags.writeable)
 
 
 def _gqa_rule(ins, a, node):

@@ -116,7 +116,9 @@ def _expand_target(x_name, x_shape, target) -> list[int] | None:
 
 
 def _refine(g: Graph) -> None:
-    """Re-infer each node's outputs; a declared `?` takes what inference now knows."""
+    """Re-infer each node's outputs; a declared `?` takes what inference now knows, and a
+    declared symbol the int it now knows (the exporter's `batch_size` of an intermediate value,
+    once the inputs are bound to concrete shapes)."""
     for n in g.nodes:
         if n.regions:
             continue
@@ -133,7 +135,8 @@ def _refine(g: Graph) -> None:
                 continue
             if len(shape) != len(v.shape):
                 continue
-            v.shape = tuple(s if d == UNKNOWN and s != UNKNOWN else d for d, s in zip(v.shape, shape))
+            v.shape = tuple(s if (d == UNKNOWN and s != UNKNOWN) or (isinstance(d, str) and isinstance(s, int)) else d
+                            for d, s in zip(v.shape, shape))
 
 
 def simplify_shapes(g: Graph) -> Graph:

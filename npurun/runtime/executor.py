@@ -229,6 +229,25 @@ class Executor:
             return out
         return self._submit(prepared, progress=progress, priority=priority, timeout=timeout, inline=True).result()
 
+    def run_program(self, program: Program, feeds: dict, *, priority: int | None = None,
+                    timeout: float | None = None, name: str = "", step_macs: list | None = None,
+                    group: str | None = None) -> dict[str, np.ndarray]:
+        """Run a Program the caller compiled (`compile`) as it is: no memory plan and no lookup
+        per input shapes, for runs whose shapes change every call (a generator's decode steps,
+        npurun/generate: one program for every cache length). A task of the device like any
+        other run: inline on an idle device, queued behind better tasks otherwise."""
+        if self._closed:
+            raise NpurunError(f"{self!r} is closed")
+        macs = step_macs if step_macs is not None else [0] * len(program.steps)
+        name = name or _task_name(program)
+        prio = self._default_priority if priority is None else priority
+        out = self.scheduler.run_inline(program, feeds, priority=prio, timeout=timeout, name=name, step_macs=macs,
+                                        owner=self, group=group)
+        if out is not NOT_IDLE:
+            return out
+        return self._submit((program, feeds, macs, name), progress=None, priority=priority, timeout=timeout,
+                            group=group, inline=True).result()
+
     def _prepared(self, model, inputs) -> tuple:
         """(Program, feeds, step MACs, task name) for a run: for an in-memory model from a
         cache keyed by the model and the inputs' shapes (one dict read a run); a model given

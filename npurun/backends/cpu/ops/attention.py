@@ -1,0 +1,56 @@
+"""ONNX Attention on the cpu backend for what the fuse_attention pass makes of an exported
+decoder or encoder: 4-D float32 q (B, Hq, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), an
+additive or boolean mask, an explicit scale, no cache operands, no causal/window/softcap
+attributes (the exporter's mask says all that).
+
+Grouped-query heads are never repeated: the Hq / Hkv query heads of a group are stacked as
+rows, (B, Hkv, group * S, D), and multiplied by their key/value head in one product each, so
+k and v are read where they are -- in a decoder that keeps its cache in place
+(passes/kv_cache_in_place.py) they are views of the cache buffer, which NumPy's matmul hands
+to BLAS as they are (rows of D floats; the transposed keys as a transposed operand), with no
+copy (tests/test_generate.py counts the bytes a decode step allocates). The softmax is
+csrc/transformer.c's with the mask added and dead rows set to 0 (ONNX's rule for a query that
+sees no key). Anything else runs the reference kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...reference.kernels import KERNELS as REF
+from . import transformer as T
+
+
+def _plain(q, k, v, attn_mask, past_key, past_value, nonpad, a) -> bool:
+    return (q.dtype == k.dtype == v.dtype == np.float32 and q.ndim == k.ndim == v.ndim == 4
+            and past_key is None and past_value is None and nonpad is None and not a["is_causal"]
+            and not a["softcap"] and a["scale"] is not None and a["qk_matmul_output_mode"] == 0
+            and a["left_window_size"] < 0 and a["right_window_size"] < 0
+            and k.shape[1] and q.shape[1] % k.shape[1] == 0 and k.shape[2] == v.shape[2]
+            and q.shape[3] == k.shape[3] and k.shape[0] == v.shape[0] and k.shape[1] == v.shape[1]
+            and q.shape[0] == k.shape[0]
+            and (attn_mask is None or (attn_mask.dtype in (np.float32, np.bool_) and attn_mask.shape[-1] == k.shape[2])))
+
+
+def make_attention(program):
+    def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, **a):
+        if not _plain(q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, a):
+            return REF["attention"](q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, **a)
+        b, hq, s, _ = q.shape
+        hkv, t = k.shape[1], k.shape[2]
+        rows = hq // hkv * s  # a key/value head's query rows: its group's heads stacked
+        qg = q.reshape(b, hkv, rows, q.shape[3])
+        scores = np.matmul(qg, k.transpose(0, 1, 3, 2))  # (B, Hkv, rows, T)
+        scores *= np.float32(a["scale"])
+        scores = scores.reshape(b, hq, s, t)
+        mask = attn_mask
+        if mask is not None and mask.dtype == np.bool_:
+            mask = np.where(mask, np.float32(0), np.float32(-np.inf))
+        p = T.softmax_call(program, scores, mask, 0.0)
+        if p is None:  # a mask that broadcasts some other way
+            return REF["attention"](q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, **a)
+        y = np.matmul(p.reshape(b, hkv, rows, t), v)  # (B, Hkv, rows, Dv)
+        return y.reshape(b, hq, s, v.shape[3])
+    return attention
+
+
+KERNELS = {} if T.LIB is None else {"attention": make_attention}
