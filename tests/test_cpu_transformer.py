@@ -247,6 +247,16 @@ def test_banded_blas_matmul(rng, shapes, threads):
         np.testing.assert_allclose(y, _want(a, b, [res]), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matmul_by_a_transposed_operand(rng, threads):
+    """b a transposed view (MatMulNBits' dequantized weights, W.T): packed from a copy that
+    must outlive the packing call (it was freed first, and 2 threads gave garbage rows)."""
+    for rows in (1, 5, 29, 64, 64):
+        a, w = nonzero_normal(rng, (1, rows, 256)), nonzero_normal(rng, (300, 256))
+        got = MM.KERNELS["matmul"](prog(threads))(a, w.T)
+        np.testing.assert_allclose(got, KERNELS["matmul"](a, w.T), rtol=1e-5, atol=1e-4)
+
+
 ENCODER = """
 op gather @emb (w: [50, 24] f32, ids: [1, 6] i64 -> e: [1, 6, 24] f32) axis=0
 op layer_normalization @ln0 (e: [1, 6, 24] f32, g0: [24] f32, b0: [24] f32 -> h: [1, 6, 24] f32) axis=-1 epsilon=1e-12

@@ -7,7 +7,9 @@ flat); zero points are packed the same way (uint8; default 2^(bits-1)) or floats
 scales' shape. With g_idx (K,), row k of the weights uses block g_idx[k] (act-order). Then
 Y = A @ dequantize(B)^T (+ bias): (..., K) -> (..., N). (ONNX Runtime 1.32's CPU kernel ignores
 packed zero points when g_idx is given, using 2^(bits-1); npurun applies them, as the operator's
-definition says.)
+definition says.) accuracy_level 4 -- what the GenAI builder writes for the CPU -- quantizes A
+to int8 per block as ONNX Runtime's kernel does (`int8_activations`): an int4 model's logits
+then agree with ONNX Runtime's to float32 rounding instead of to ~1%.
 
 The reference dequantizes on every call; the cpu kernel dequantizes a constant weight once to
 float32 (K, N), keeps it, and runs the cpu backend's matmul.
@@ -48,10 +50,27 @@ def dequantize_weights(b, scales, zero_points, g_idx, *, K, N, bits, block_size)
     return (q.astype(F32) - z[:, blocks]) * s[:, blocks]
 
 
+def int8_activations(a, block_size):
+    """A as ONNX Runtime's CPU kernel sees it at accuracy_level 4 (MLAS's CompInt8, which the
+    GenAI builder asks for): each block of `block_size` values along K quantized to int8 with
+    scale max|a| / 127 (127 / max|a| applied, rounded half to even), then the products are
+    exact integer dot products times the scales -- the same as multiplying q * scale."""
+    a = np.asarray(a, F32)
+    K = a.shape[-1]
+    pad = -K % block_size
+    blocks = np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)]).reshape(*a.shape[:-1], -1, block_size)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+    q = np.rint(blocks * inv)
+    return (q * (amax / F32(127))).astype(F32).reshape(*a.shape[:-1], -1)[..., :K]
+
+
 def matmul_nbits_with(mm, weights, a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits,
                       block_size, accuracy_level, weight_prepacked):
     w = weights(b, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size)  # (N, K)
-    y = mm(a.astype(F32), w.T)
+    x = int8_activations(a, block_size) if accuracy_level == 4 and g_idx is None else a.astype(F32)
+    y = mm(x, w.T)
     if bias is not None:
         y = y + bias.astype(F32)
     return y.astype(a.dtype)

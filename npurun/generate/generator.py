@@ -88,6 +88,7 @@ class _Request:
     priority: int | None
     deadline: float | None
     name: str
+    eos: set
     t0: float = field(default_factory=time.perf_counter)
 
 
@@ -141,10 +142,12 @@ class Generator:
 
     def stream(self, prompt, *, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
-               stop=(), priority: int | None = None, timeout: float | None = None) -> "Stream":
+               stop=(), ignore_eos: bool = False, priority: int | None = None,
+               timeout: float | None = None) -> "Stream":
         """An iterator of `Piece`s, one per new token as it is generated; its `result` (a
         Generation) is set once it is exhausted. Temperature 0 is greedy. `stop`: strings that
-        end the generation (not included in the text). `priority` 0 (highest) .. 3 and
+        end the generation (not included in the text); `ignore_eos`: go on past the model's
+        end-of-sequence tokens (which then count as tokens; for benchmarks and tests). `priority` 0 (highest) .. 3 and
         `timeout` (seconds, the whole generation) go to the device's scheduler."""
         if isinstance(stop, str):
             stop = (stop,)
@@ -159,7 +162,7 @@ class Generator:
             raise InputError(f"the prompt has {len(ids)} tokens; the model's context is {self.max_length}")
         room = self.max_length - len(ids)
         req = _Request(ids, min(int(max_new_tokens), room), Sampling(temperature, top_k, top_p, repetition_penalty, seed),
-                       tuple(stop), priority, None, self.name)
+                       tuple(stop), priority, None, self.name, set() if ignore_eos else self.eos)
         if timeout is not None:
             req.deadline = req.t0 + timeout
         return Stream(self, req)
@@ -193,6 +196,9 @@ class Generator:
 
     # ------------------------------------------------------------------ steps
     def new_cache(self, rows: int) -> KVCache:
+        """An empty cache of `rows` rows (at most the model's context)."""
+        if not 0 < rows <= self.max_length:
+            raise InputError(f"a cache of {rows} rows: the model's context is {self.max_length} positions")
         s = self.spec
         return KVCache.allocate(s.layers, s.kv_heads, rows, s.head_size, self._cache_dtype)
 
@@ -289,7 +295,7 @@ class Stream:
                 token = sampler(logits, context)
                 if t_first is None:
                     t_first = time.perf_counter()
-                if token in gen.eos:
+                if token in req.eos:
                     finish = "stop"
                     break
                 new.append(token)

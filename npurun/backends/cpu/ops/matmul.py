@@ -127,7 +127,10 @@ def pack(b: np.ndarray, isa: str) -> np.ndarray:
     nr = getattr(lib, f"npr_gemm_nr_{isa}")()
     K, N = b.shape
     bp = np.empty(-(-N // nr) * K * nr, np.float32)
-    getattr(lib, f"npr_gemm_pack_{isa}")(np.ascontiguousarray(b).ctypes.data, bp.ctypes.data, K, N)
+    # (held in a name: `ascontiguousarray(b).ctypes.data` would free a transposed b's copy
+    # before the call reads it)
+    src = np.ascontiguousarray(b)
+    getattr(lib, f"npr_gemm_pack_{isa}")(src.ctypes.data, bp.ctypes.data, K, N)
     return bp
 
 
