@@ -16,7 +16,9 @@ import sys
 
 def add_parser(sub):
     p = sub.add_parser("serve", help="serve a folder of models over KServe v2 / Triton's HTTP protocol")
-    p.add_argument("model_dir", metavar="MODEL_DIR", help="folder of .onnx / .npuir models (name = file name)")
+    p.add_argument("model_dir", metavar="MODEL_DIR",
+                   help="folder of .onnx / .npuir models (name = file name) and of generative model folders "
+                        "(name = folder name; OpenAI-compatible routes)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = any free port)")
     p.add_argument("--device", default="cpu", help="BACKEND[:TARGET] the models run on (default: cpu)")
@@ -120,7 +122,10 @@ def run(args) -> int:
     for m in repo.models.values():
         print(f"  {m.name}: {m.state.lower()}" + (f" ({m.reason})" if m.reason else "")
               + (f"  plan {m.plan}" if m.plan else ""))
-    print(f"npurun serve: {sum(m.ready for m in repo.models.values())}/{len(repo.models)} models ready on "
+    for g in repo.generators.values():
+        print(f"  {g.name}: {g.state.lower()}, generative (OpenAI routes /v1)" + (f" ({g.reason})" if g.reason else ""))
+    every = list(repo.models.values()) + list(repo.generators.values())
+    print(f"npurun serve: {sum(m.ready for m in every)}/{len(every)} models ready on "
           f"http://{host}:{port} ({app.state.executor.device}, {app.state.executor.parallelism} units)", flush=True)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_level == "debug",
                             timeout_graceful_shutdown=5)

@@ -15,6 +15,8 @@ Endpoints (Triton's spelling; `/versions/{v}` may follow a model name, v = "1"):
     GET  /v2/systemsharedmemory[/region/{r}]/status
     POST /v2/systemsharedmemory/region/{r}/register | unregister;  /v2/systemsharedmemory/unregister
     GET  /metrics                                    Prometheus text format
+    GET  /v1/models, POST /v1/completions | /v1/chat/completions   OpenAI-compatible, for the
+                                                     generative models (openai.py)
 
 Errors are JSON `{"error": "..."}`; the status follows Triton: 400 bad request (bad JSON,
 wrong input name, shape or datatype, truncated body, unknown region), 401 missing or wrong
@@ -317,6 +319,10 @@ def create_app(repo, executor, settings: Settings | None = None, batchers=None) 
               Route("/v2/systemsharedmemory/region/{region}/register", s.shm_register, methods=["POST"]),
               Route("/v2/systemsharedmemory/region/{region}/unregister", s.shm_unregister, methods=["POST"]),
               Route("/v2/systemsharedmemory/unregister", s.shm_unregister, methods=["POST"])]
+    from .openai import OpenAIRoutes
+    oa = OpenAIRoutes(s)
+    routes += [Route("/v1/models", oa.models), Route("/v1/completions", oa.completions, methods=["POST"]),
+               Route("/v1/chat/completions", oa.chat, methods=["POST"])]
     for v in ("", V):
         routes += [Route(f"/v2/models/{{model}}{v}", s.model_metadata),
                    Route(f"/v2/models/{{model}}{v}/ready", s.model_ready),

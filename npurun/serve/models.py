@@ -1,4 +1,7 @@
-"""The model repository: the .onnx / .npuir files directly inside MODEL_DIR, one model each.
+"""The model repository: the .onnx / .npuir files directly inside MODEL_DIR, one model each,
+and the sub-folders holding a generative model (a decoder with its tokenizer: an Optimum
+export or onnxruntime-genai builder output, npurun/generate), served on the OpenAI routes
+under the folder's name.
 
     repo = ModelRepository("models/", executor)   # scans and loads every model once
     m = repo.get("espcn_x3")                      # ServeError 404 when there is no such model
@@ -65,6 +68,28 @@ class Model:
         return meta
 
 
+@dataclass
+class GenModel:
+    """A generative model: a sub-folder of MODEL_DIR, loaded as an npurun.Generator."""
+    name: str
+    path: Path
+    generator: object = None
+    state: str = "UNAVAILABLE"
+    reason: str = ""
+    created: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "READY"
+
+
+def is_generative(folder: Path) -> bool:
+    """Does the folder hold a decoder the generator reads (by its files: genai_config.json or
+    an Optimum decoder file)?"""
+    from ..generate.model import OPTIMUM_FILES
+    return (folder / "genai_config.json").is_file() or any((folder / f).is_file() for f in OPTIMUM_FILES)
+
+
 class ModelRepository:
     def __init__(self, model_dir, executor, cache: bool = True):
         self.dir = Path(model_dir)
@@ -73,14 +98,24 @@ class ModelRepository:
         self.root = self.dir.resolve()
         self.executor = executor
         self.cache = cache
+        self.generators: dict[str, GenModel] = {}
         self.models: dict[str, Model] = self._scan()
         for m in self.models.values():
             if not m.reason:
                 self._load(m)
+        for g in self.generators.values():
+            if not g.reason:
+                self._load_generator(g)
 
     def _scan(self) -> dict[str, Model]:
         found: dict[str, Model] = {}
         for p in sorted(self.dir.iterdir()):
+            if p.is_dir() and not p.name.startswith(".") and is_generative(p):
+                if not NAME.match(p.name) or not p.resolve().is_relative_to(self.root):
+                    log.warning("%s: skipped, a bad name or a link outside %s", p, self.dir)
+                    continue
+                self.generators[p.name] = GenModel(p.name, p)
+                continue
             if p.suffix not in SUFFIXES or p.name.startswith(".") or not p.is_file():
                 continue
             name = p.name[:-len(p.suffix)]
@@ -94,7 +129,30 @@ class ModelRepository:
                 found[name].reason = f"both {found[name].path.name} and {p.name} are named {name!r}; remove one"
                 continue
             found[name] = Model(name, p)
+        for name in set(found) & set(self.generators):
+            why = f"both {found[name].path.name} and the folder {name}/ are named {name!r}; rename one"
+            found[name].reason = self.generators[name].reason = why
         return found
+
+    def _load_generator(self, g: GenModel) -> None:
+        from ..generate import Generator
+        try:
+            g.generator = Generator(g.path, executor=self.executor, name=g.name)
+            g.generator.graph.source = f"model {g.name!r}"
+            g.state, g.reason, g.created = "READY", "", int(g.path.stat().st_mtime)
+        except (NpurunError, OSError) as e:
+            g.state, g.reason = "UNAVAILABLE", str(e)
+            log.error("model %s: %s", g.name, e)
+
+    def generator(self, name) -> GenModel:
+        """The ready generative model `name` (404 unknown, 503 not ready)."""
+        g = self.generators.get(name) if isinstance(name, str) else None
+        if g is None:
+            raise ServeError(404, f"unknown model {name!r}; the generative models are "
+                                  f"{', '.join(map(repr, self.generators)) or 'none'}")
+        if not g.ready:
+            raise ServeError(503, f"model {name!r} is not ready: {g.reason}")
+        return g
 
     def _load(self, m: Model) -> None:
         try:
@@ -150,8 +208,10 @@ class ModelRepository:
 
     @property
     def ready(self) -> bool:
-        return all(m.ready for m in self.models.values())
+        return all(m.ready for m in self.models.values()) and all(g.ready for g in self.generators.values())
 
     def index(self) -> list[dict]:
         return [{"name": m.name, "version": m.version, "state": m.state, "reason": m.reason}
-                for m in self.models.values()]
+                for m in self.models.values()] + [
+               {"name": g.name, "version": VERSION, "state": g.state, "reason": g.reason, "type": "generative"}
+               for g in self.generators.values()]
