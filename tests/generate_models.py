@@ -68,6 +68,47 @@ def build(arch: str, root: Path):
     return model
 
 
+def merged(optimum: Path, out: Path) -> None:
+    """The legacy merged-decoder layout of an Optimum export (optimum < 1.14's
+    decoder_model_merged.onnx): an If on a `use_cache_branch` input chooses between a cached
+    and an uncached copy of the decoder, the weights shared at top level. (Optimum's uncached
+    copy takes no past; here both copies are the cached graph, which an empty past also runs.)"""
+    import shutil
+
+    import onnx
+    from onnx import helper
+    m = onnx.load(optimum / "model.onnx")
+    g = m.graph
+    outs = [o for o in g.output]
+    made = {o for n in g.node for o in n.output}
+
+    def branch(tag):
+        """The decoder's nodes, every value they make renamed NAME+tag (names are unique
+        across a model's graphs)."""
+        nodes = []
+        for n in g.node:
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            c.name = n.name + tag
+            c.input[:] = [i + tag if i in made else i for i in n.input]
+            c.output[:] = [o + tag for o in n.output]
+            nodes.append(c)
+        results = [helper.make_tensor_value_info(o.name + tag, o.type.tensor_type.elem_type, None) for o in outs]
+        return helper.make_graph(nodes, "decoder" + tag, [], results)
+
+    then_g, else_g = branch("_cached"), branch("_uncached")
+    flag = helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])
+    node = helper.make_node("If", ["use_cache_branch"], [o.name for o in g.output], then_branch=then_g,
+                            else_branch=else_g, name="optimum::if")
+    graph = helper.make_graph([node], "merged", list(g.input) + [flag], list(g.output), list(g.initializer))
+    model = helper.make_model(graph, opset_imports=m.opset_import, ir_version=m.ir_version)
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, out / "decoder_model_merged.onnx")
+    for f in optimum.iterdir():
+        if f.suffix != ".onnx":
+            shutil.copy(f, out / f.name)
+
+
 def genai(hf: Path, out: Path, precision: str) -> subprocess.Popen:
     """Start onnxruntime-genai's model builder on an hf folder (a child process: it takes a few
     seconds, so the callers start several and wait)."""

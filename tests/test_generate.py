@@ -27,7 +27,7 @@ import npurun
 from npurun.generate.sampling import Sampling
 from npurun.generate.text import Detokenizer
 
-from generate_models import build, genai
+from generate_models import build, genai, merged
 
 ARCHS = ["llama", "qwen2", "phi3", "gpt2"]
 GENAI = [("llama", "fp32"), ("llama", "int4"), ("qwen2", "fp32"), ("phi3", "int4")]
@@ -116,6 +116,26 @@ def test_optimum_logits_match_onnxruntime_and_recompute(models, arch, rng):
     fresh = gen.new_cache(256)
     whole = gen.step(fresh, prompt + more)
     np.testing.assert_allclose(got[-1], whole, rtol=0, atol=1e-5 * float(np.abs(whole).max()))
+
+
+def test_legacy_merged_decoder_runs_its_cached_branch(models, tmp_path):
+    folder, _ = models["llama"]
+    merged(folder / "optimum", tmp_path / "merged")
+    gen = npurun.Generator(tmp_path / "merged", device="cpu")
+    assert gen.spec.use_cache_branch == "use_cache_branch" and gen.spec.path.name == "decoder_model_merged.onnx"
+    assert not any(n.op == "if" for n in gen.graph.nodes)  # inlined: the cache is kept in place
+    want = npurun.Generator(folder / "optimum", device="cpu").generate(PROMPT, max_new_tokens=16, ignore_eos=True)
+    assert gen.generate(PROMPT, max_new_tokens=16, ignore_eos=True).ids == want.ids
+    # and ONNX Runtime agrees on the merged file itself (use_cache_branch = true, the cache concatenated)
+    s = ort.InferenceSession(str(gen.spec.path), providers=["CPUExecutionProvider"])
+    ids = gen.encode(PROMPT)
+    feeds = {"input_ids": np.array([ids]), "attention_mask": np.ones((1, len(ids)), np.int64),
+             "position_ids": np.arange(len(ids))[None], "use_cache_branch": np.array([True]),
+             **{n: np.zeros((1, gen.spec.kv_heads, 0, gen.spec.head_size), np.float32)
+                for kv in gen.spec.past for n in kv}}
+    logits = s.run(["logits"], feeds)[0][0, -1]
+    got = gen.step(gen.new_cache(256), ids)
+    np.testing.assert_allclose(got, logits, rtol=0, atol=1e-4 * float(np.abs(logits).max()))
 
 
 def _og_greedy(folder, ids, steps):

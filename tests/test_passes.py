@@ -23,7 +23,8 @@ CASES = Path(__file__).parent / "passes"
 PASSES = ["eliminate_dead_code", "simplify_shapes", "remove_noops", "fold_batchnorm", "fuse_ops",
           "layout_block4x4", "layout_nchwc", "fold_affine", "fuse_hard_swish", "fuse_swish", "fuse_gelu",
           "fuse_activation", "fuse_masked_softmax", "fuse_matmul_add", "sink_gather", "fuse_affine_chain",
-          "fuse_pad", "push_transposes", "fuse_layer_norm", "batch_shared_weights"]
+          "fuse_pad", "push_transposes", "fuse_layer_norm", "batch_shared_weights", "fuse_attention",
+          "inline_constant_if"]
 ESPCN = Path(npurun.__file__).parent / "zoo" / "espcn_x3.onnx"
 
 
@@ -240,3 +241,29 @@ output z: [batch, 4] f32 DRAM0
     ops = [n.op for n in g2.nodes]
     assert ops.count("matmul") == 2 and "concat" in ops and "split" in ops, ops  # m0+m1 stacked, m2 apart
     _assert_same(want, _run(g2, feeds), 1e-6)
+
+
+def test_kv_cache_in_place_text_and_values(rng):
+    """The pass takes options (the generator binds them), so it has its own text test: the
+    concatenation becomes cache_append on the buffer, other readers of the past read its
+    prefix; run on a buffer of 7 rows holding P = 3, it gives what the original gave on the
+    3 rows, and the buffer then holds the new rows after them."""
+    from npurun.passes.kv_cache_in_place import kv_cache_in_place
+    before = (CASES / "kv_cache_in_place.before.npuir").read_text()
+    g = verify(parse(before))
+    g2 = kv_cache_in_place(parse(before), pairs=[("past", "present")])
+    assert print_graph(g2) == (CASES / "kv_cache_in_place.after.npuir").read_text()
+    verify(g2)
+    x, past = nonzero_normal(rng, (1, 2, 8)), nonzero_normal(rng, (1, 2, 3, 4))
+    want = _run(g, {"x": x, "past": past})
+    buf = np.zeros((1, 2, 7, 4), np.float32)
+    buf[:, :, :3] = past
+    for device in ("reference", "cpu"):
+        got = get_backend(device, 1).compile(g2).run({"x": x, "past": buf, "past_length": np.array(3)})
+        np.testing.assert_allclose(got["present"], want["present"], rtol=1e-6)
+        np.testing.assert_array_equal(got["sp"], want["sp"])
+        assert np.shares_memory(got["present"], buf)
+        np.testing.assert_array_equal(buf[:, :, :5], want["present"])
+        assert not buf[:, :, 5:].any()
+    with pytest.raises(npurun.NpurunError, match="is not concat"):
+        kv_cache_in_place(parse(before), pairs=[("past", "sp")])

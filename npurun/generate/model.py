@@ -156,9 +156,19 @@ def find(folder: Path) -> Path:
 
 def in_place(graph, spec: DecoderSpec):
     """The graph as the generator runs it: for the Optimum format, the cache kept in place
-    (passes/kv_cache_in_place.py); a GenAI graph runs as it is."""
+    (passes/kv_cache_in_place.py), the legacy merged decoder's `use_cache_branch` first fixed
+    to true and its If inlined (passes/inline_constant_if.py: the cached branch handles the
+    first step too, with no rows of past); a GenAI graph runs as it is."""
     if spec.format != "optimum":
         return graph
     from ..passes.kv_cache_in_place import kv_cache_in_place
+    g = graph.copy()
+    if spec.use_cache_branch:
+        from ..passes.inline_constant_if import inline_constant_if
+        v = g.values[spec.use_cache_branch]
+        v.data = np.ones([d if isinstance(d, int) else 1 for d in v.shape], np.bool_)
+        v.shape = v.data.shape
+        g.inputs.remove(spec.use_cache_branch)
+        g = inline_constant_if(g)
     pairs = [(p, q) for ps, qs in zip(spec.past, spec.present) for p, q in zip(ps, qs)]
-    return functools.partial(kv_cache_in_place, pairs=pairs, length="past_length")(graph.copy())
+    return functools.partial(kv_cache_in_place, pairs=pairs, length="past_length")(g)

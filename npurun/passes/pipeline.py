@@ -37,6 +37,7 @@ from .fuse_matmul_add import fuse_matmul_add
 from .fuse_ops import fuse_ops
 from .fuse_pad import fuse_pad
 from .fuse_swish import fuse_swish
+from .inline_constant_if import inline_constant_if
 from .push_transposes import push_transposes
 from .remove_noops import remove_noops
 from .simplify_shapes import simplify_shapes
@@ -48,16 +49,16 @@ Pass = Callable[[Graph], Graph]
 # selection, layouts and splitting need options (a device, ranges, a workspace), so the
 # callers that know those append them (npurun.compile, the Executor).
 #
-# Order: folding and shape simplification first (they turn computed shapes into constants,
+# Order: folding (an If whose condition folded is replaced by its branch) and shape simplification first (they turn computed shapes into constants,
 # which the no-op and fusion patterns need); transposes pushed down before fusion (fuse_ops
 # merges the ones that meet, remove_noops drops identities); BatchNorm folding before fusion
 # (a folded conv may then take a following bias); dead-code removal last. Shapes are
 # simplified twice: the first round ends by re-inferring every value's shape, which lets the
 # second fold what depended on those (a decoder's shape(repeated keys)[3] once their head size
 # is known: 18 of a 2-layer Llama step's 193 nodes).
-STANDARD: list[Pass] = [fold_constants, simplify_shapes, fold_constants, simplify_shapes, fold_constants,
-                        remove_noops, push_transposes,
-                        fuse_pad, fold_batchnorm, fuse_ops, remove_noops, eliminate_dead_code]
+STANDARD: list[Pass] = [fold_constants, inline_constant_if, simplify_shapes, fold_constants, simplify_shapes,
+                        fold_constants, remove_noops, push_transposes, fuse_pad, fold_batchnorm, fuse_ops,
+                        remove_noops, eliminate_dead_code]
 # The cpu backend's lowering: affines into convs first (a conv + BN + ReLU then takes the ReLU
 # as its epilogue), activations spelled out in ops made single ops before the epilogue
 # fusion, the softmax's mask add before the matmul adds (which would take it otherwise), the
