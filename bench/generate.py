@@ -68,7 +68,7 @@ def build_llama125m() -> Path:
     for prec in ("int4", "fp32"):
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
                         str(root / f"genai-{prec}"), "-p", prec, "-e", "cpu"], check=True,
-                       stdout=subprocess.DEVNULL)
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (root / "done").write_text("ok")
     return root
 
@@ -93,7 +93,7 @@ def build_bundled() -> Path:
     for prec in ("int4", "fp32"):
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
                         str(root / f"genai-{prec}"), "-p", prec, "-e", "cpu"], check=True,
-                       stdout=subprocess.DEVNULL)
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (root / "done").write_text("ok")
     return root
 

@@ -72,3 +72,26 @@ def test_bad_block_layout_is_named(rng, tmp_path):
     with pytest.raises(npurun.NpurunError, match=r"B has shape \[8, 2, 16\]; K=64, N=8, bits=4, block_size=16 "
                                                  r"need \[8, 4, 8\]"):
         npurun.load(tmp_path / "n.onnx")
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("rows, k, block, zp_kind, bias", [(1, 768, 32, None, False), (3, 200, 32, "packed", True),
+                                                           (5, 256, 64, None, True), (2, 384, 128, "packed", False),
+                                                           (1, 96, 32, "packed", True)])
+def test_int4_at_accuracy_level_4(rng, tmp_path, monkeypatch, isa, rows, k, block, zp_kind, bias):
+    """The GenAI builder's int4 layers: ONNX Runtime quantizes A to int8 per block (MLAS's
+    CompInt8); the cpu backend's packed int4 x int8 kernels (csrc/nbits.c, both ISAs) and the
+    reference's emulation agree with it."""
+    from npurun.backends.cpu import native
+    if isa == "avx512" and not (native.vnni() and "avx512" in native.conv_isas()):
+        pytest.skip("this CPU has no AVX-512 VNNI")  # (the avx2 case runs everywhere)
+    monkeypatch.setattr(native, "ISA", isa)
+    n = 40
+    a = nonzero_normal(rng, (rows, k))
+    b, scales, zp = _weights(rng, k, n, 4, block, zp_kind)
+    ins = [("a", a), ("b", b), ("s", scales), ("z", zp) if zp is not None else None]
+    if bias:
+        ins += [None, ("bias", nonzero_normal(rng, (n,)))]
+    m = node_model("MatMulNBits", ins, attrs={"K": k, "N": n, "bits": 4, "block_size": block, "accuracy_level": 4},
+                   consts={"b", "s", "z", "bias"})
+    check(m, {"a": a}, tmp_path, rtol=1e-5, atol=1e-5)

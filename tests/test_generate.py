@@ -52,12 +52,22 @@ def _top2_gap(logits) -> float:
     return float(top[1] - top[0])
 
 
-def _agree(ours, want, logits_at) -> None:
-    """ours == want, or they part where the oracle's top-2 logits tie within 1e-3."""
+# int4 graphs (MatMulNBits at accuracy_level 4) quantize every activation to int8: a value
+# within a float32 ulp of a rounding boundary -- where two correct float32 computations may
+# differ -- moves a logit by up to ~2% of the largest (measured: 1 step in ~60, as often for
+# the float64 reference as for the cpu backend). Their comparisons allow that much.
+INT4_SLACK = 3e-2
+
+
+def _agree(ours, want, logits_at, tie=1e-3) -> None:
+    """ours == want, or they part where the oracle's top-2 logits tie within `tie` (relative
+    to the largest logit for int4, absolute otherwise)."""
     for i, (a, b) in enumerate(zip(ours, want)):
         if a != b:
-            gap = _top2_gap(logits_at(i))
-            assert gap < 1e-3, f"token {i}: {a} != {b} where the top-2 logits are {gap:.2e} apart"
+            lg = logits_at(i)
+            gap = _top2_gap(lg)
+            limit = tie * float(np.abs(lg).max()) if tie == INT4_SLACK else tie
+            assert gap < limit, f"token {i}: {a} != {b} where the top-2 logits are {gap:.2e} apart"
             return
     assert len(ours) == len(want), (ours, want)
 
@@ -185,7 +195,7 @@ def test_genai_greedy_equals_onnxruntime_genai(models, arch, precision, device):
     def logits_at(i):
         seq = ids + want[:i]
         return _ort_genai_logits(s.path, seq, 256, s.layers, s.kv_heads, s.head_size)[-1]
-    _agree(ours, want, logits_at)
+    _agree(ours, want, logits_at, tie=INT4_SLACK if precision == "int4" else 1e-3)
 
 
 @pytest.mark.parametrize("arch,precision", GENAI[:2])
@@ -196,8 +206,11 @@ def test_genai_logits_match_onnxruntime(models, arch, precision, rng):
     want = _ort_genai_logits(s.path, ids, 256, s.layers, s.kv_heads, s.head_size)
     cache = gen.new_cache(256)
     got = [gen.step(cache, ids[:2])] + [gen.step(cache, [t]) for t in ids[2:]]
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * float(np.abs(b).max()))
+    errs = [float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got, want)]
+    if precision == "fp32":
+        assert max(errs) < 1e-4, errs
+    else:  # see INT4_SLACK: float32 agreement but for a rounding flip
+        assert max(errs) < INT4_SLACK and sorted(errs)[len(errs) // 2] < 1e-5, errs
 
 
 @pytest.mark.parametrize("kind", ["optimum", "genai-fp32"])

@@ -121,6 +121,78 @@ def _shares(past_key, past_value, cap, dtype) -> bool:
             and past_key.flags.writeable and past_value.flags.writeable)
 
 
+def _fast_ok(query, key, past_key, past_value, seqlens_k, cos_cache, position_ids, attention_bias, head_sink,
+             rest, a) -> bool:
+    """The case a generator's decode and prefill steps are: one sequence, packed or separate
+    q/k/v in float32, a shared past buffer with room, rotary from the caches, causal, nothing
+    else (no softcap, bias, sinks, window, extra operands)."""
+    return (query.dtype == F32 and query.shape[0] == 1 and past_key is not None and past_value is not None
+            and past_key.dtype == past_value.dtype == F32 and past_key.flags.writeable
+            and past_value.flags.writeable and a["causal"] and not a["softcap"] and a["local_window_size"] < 0
+            and a["smooth_softmax"] != 1 and attention_bias is None and head_sink is None and position_ids is None
+            and not any(x is not None for x in rest) and (not a["do_rotary"] or cos_cache is not None)
+            and (key is None or key.dtype == F32))
+
+
+def _rope1(x, c, s, interleaved):
+    """x (S, N, H) float32 rotated by c, s (S, 1, dim/2)."""
+    dim = 2 * c.shape[-1]
+    rot = x[..., :dim]
+    x1, x2 = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., :dim // 2], rot[..., dim // 2:])
+    real, imag = c * x1 - s * x2, s * x1 + c * x2
+    out = np.empty_like(x)
+    if interleaved:
+        out[..., :dim:2], out[..., 1:dim:2] = real, imag
+    else:
+        out[..., :dim // 2], out[..., dim // 2:dim] = real, imag
+    out[..., dim:] = x[..., dim:]
+    return out
+
+
+def _cpu_factory(program):
+    """The cpu kernel: `_fast_ok`'s case in float32 with the new rows written into the buffer,
+    each key/value head multiplied by its group of query heads stacked as rows (no repeated
+    keys), csrc/transformer.c's softmax; anything else through gqa_with."""
+    from ..backends.cpu.ops import transformer as T
+
+    def gqa(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+            total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None,
+            head_sink=None, *rest, **a):
+        cap = max(past_key.shape[2] if past_key is not None else 0,
+                  int(np.asarray(total_sequence_length).reshape(-1)[0]))
+        if T.LIB is None or not _fast_ok(query, key, past_key, past_value, seqlens_k, cos_cache, position_ids,
+                                         attention_bias, head_sink, rest, a) or past_key.shape[2] < cap:
+            return gqa_with(F32, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+                            cos_cache, sin_cache, position_ids, attention_bias, head_sink, *rest, **a)
+        s, nq, nkv = query.shape[1], a["num_heads"], a["kv_num_heads"]
+        if key is None:
+            h = query.shape[2] // (nq + 2 * nkv)
+            query, key, value = query[0, :, :nq * h], query[0, :, nq * h:(nq + nkv) * h], query[0, :, (nq + nkv) * h:]
+        else:
+            h = query.shape[2] // nq
+            query, key, value = query[0], key[0], value[0]
+        t = int(seqlens_k.reshape(-1)[0]) + 1  # tokens after this step
+        p = t - s
+        q, k = query.reshape(s, nq, h), key.reshape(s, nkv, h)
+        if a["do_rotary"]:
+            c, sn = cos_cache[p:t, None, :], sin_cache[p:t, None, :]  # (S, 1, dim/2)
+            q, k = _rope1(q, c, sn, a["rotary_interleaved"]), _rope1(k, c, sn, a["rotary_interleaved"])
+        past_key[0, :, p:t] = k.transpose(1, 0, 2)
+        past_value[0, :, p:t] = value.reshape(s, nkv, h).transpose(1, 0, 2)
+        g = nq // nkv
+        qg = q.reshape(s, nkv, g, h).transpose(1, 2, 0, 3).reshape(nkv, g * s, h)  # (Nkv, G*S, H)
+        scores = np.matmul(qg, past_key[0, :, :t].transpose(0, 2, 1))  # (Nkv, G*S, T)
+        scores *= F32(1.0 / np.sqrt(h) if a["scale"] in (None, 0.0) else a["scale"])
+        mask = None
+        if s > 1:  # query i (position p + i) sees keys 0 .. p + i
+            mask = np.where(np.arange(t)[None, :] <= p + np.arange(s)[:, None], F32(0), F32(-np.inf))
+        probs = T.softmax_call(program, scores.reshape(nkv, g, s, t), mask, 0.0)
+        y = np.matmul(probs.reshape(nkv, g * s, t), past_value[0, :, :t])  # (Nkv, G*S, H)
+        y = y.reshape(nkv, g, s, h).transpose(2, 0, 1, 3).reshape(1, s, nq * h)
+        return y.astype(F32, copy=False), past_key, past_value
+    return gqa
+
+
 def _gqa_rule(ins, a, node):
     q = ins[0]
     key = ins[1] if len(ins) > 1 else None
@@ -171,4 +243,4 @@ ms_op("group_query_attention", "GroupQueryAttention",
       groups={"attention", "mac"}, dtypes={"query": FLOATS, "seqlens_k": ("i32",), "total_sequence_length": ("i32",)},
       shape=_gqa_rule, macs=_gqa_macs, unit="matrix",
       reference=lambda *args, **at: gqa_with(np.float64, *args, **at),
-      cpu=lambda *args, **at: gqa_with(F32, *args, **at))
+      cpu_factory=_cpu_factory)

@@ -11,8 +11,9 @@ definition says.) accuracy_level 4 -- what the GenAI builder writes for the CPU 
 to int8 per block as ONNX Runtime's kernel does (`int8_activations`): an int4 model's logits
 then agree with ONNX Runtime's to float32 rounding instead of to ~1%.
 
-The reference dequantizes on every call; the cpu kernel dequantizes a constant weight once to
-float32 (K, N), keeps it, and runs the cpu backend's matmul.
+The reference dequantizes on every call. The cpu kernel runs 4-bit weights at accuracy_level 4
+on csrc/nbits.c's int4 x int8 kernels, the weights kept packed (backends/cpu/ops/int4.py);
+anything else it dequantizes once to float32 (K, N), keeps, and runs the cpu backend's matmul.
 """
 from __future__ import annotations
 
@@ -97,11 +98,12 @@ def _rule(ins, a, node):
     return [(matmul_shape(x.shape, (k, n), node), x.dtype)]
 
 
-class _Dequantized:
-    """dequantize_weights, kept per constant B (the graph's own arrays: ids stay theirs)."""
+class _PerWeights:
+    """`build(b, scales, zero_points, g_idx, **attrs)` kept per constant B (the graph's own
+    arrays: ids stay theirs); computed B is prepared on every call."""
 
-    def __init__(self, program):
-        self.program, self.cache, self.consts = program, {}, None
+    def __init__(self, program, build):
+        self.program, self.build, self.cache, self.consts = program, build, {}, None
 
     def __call__(self, b, scales, zero_points, g_idx, **attrs):
         if self.consts is None:
@@ -110,18 +112,29 @@ class _Dequantized:
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        w = dequantize_weights(b, scales, zero_points, g_idx, **attrs)
+        w = self.build(b, scales, zero_points, g_idx, **attrs)
         if all(x is None or self.consts.get(id(x)) is x for x in (b, scales, zero_points, g_idx)):
             self.cache[key] = w
         return w
 
 
 def _cpu(program):
-    from ..backends.cpu.ops import FACTORIES
+    """4-bit weights at accuracy_level 4: the packed int4 x int8 kernels (backends/cpu/ops/int4.py);
+    anything else: the weights dequantized once to float32, then the cpu matmul."""
+    from ..backends.cpu.ops import FACTORIES, int4
     make = FACTORIES.get("matmul")
     mm = make(program) if make is not None else REF["matmul"]
-    weights = _Dequantized(program)
-    return lambda *args, **at: matmul_nbits_with(mm, weights, *args, **at)
+    weights = _PerWeights(program, dequantize_weights)
+    packed = _PerWeights(program, lambda b, s, z, g, *, K, N, bits, block_size:
+                         int4.Int4Weights(b, s, z, K=K, N=N, block_size=block_size))
+
+    def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, **at):
+        if int4.applies(a, at["bits"], at["block_size"], at["accuracy_level"], g_idx):
+            w = packed(b, scales, zero_points, g_idx, K=at["K"], N=at["N"], bits=4, block_size=at["block_size"])
+            if w.ok:
+                return w.matmul(a, bias, program.threads)
+        return matmul_nbits_with(mm, weights, a, b, scales, zero_points, g_idx, bias, **at)
+    return matmul_nbits
 
 
 ms_op("matmul_nbits", "MatMulNBits", inputs=["A", "B", "scales", "zero_points?", "g_idx?", "bias?"],

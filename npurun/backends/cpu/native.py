@@ -81,6 +81,11 @@ def _signatures() -> dict:
         "npr_gemm_mt": ([I, P, P, P, P, P, L, L, L, L, I, I], None),
         "npr_gemm_q8_mt": ([I, P, P, P, P, P, P, L, L, L, L, P, L, I, I], None),
         "npr_bmm_mt": ([I, P, P, P, L, L, L, L, I], I),
+        # nbits.c: 4-bit MatMulNBits with int8 activations (contrib/nbits.py)
+        "npr_q8_rows": ([P, L, L, L, P, P], None),
+        "npr_q4_gemm_mt": ([P, P, P, P, P, P, P, L, L, L, L, I, I], None),
+        "npr_q4_prep_a": ([P, L, L, L, L, P, P, P], None),
+        "npr_q4_gemm_vnni_mt": ([P, P, P, P, P, P, P, P, L, L, L, I, I], None),
         # recurrent.c: the LSTM and GRU recurrences
         "npr_lstm_f32": ([P, P, P, P, P, L, I, I, I, I], I),
         "npr_gru_f32": ([P, P, P, P, P, L, I, I, I, I, I], I),
@@ -133,6 +138,11 @@ def _load():
 def conv_isas() -> list[str]:
     """The dense conv kernels this CPU runs, widest first."""
     return (["avx512"] if "avx512f" in _cpu_flags() and "avx512dq" in _cpu_flags() else []) + ["avx2"]
+
+
+def vnni() -> bool:
+    """Does this CPU run the AVX-512 VNNI kernels (nbits.c)?"""
+    return {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= _cpu_flags()
 
 
 LIB, REASON = _load()
