@@ -4,6 +4,7 @@
  *                  mode 1: erf(x * d), for exporters that multiply by 1 / sqrt 2; mode 2: the
  *                  tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's)
  *   npr_layernorm  y = (x - mean) / sqrt(var + eps) * scale + bias over rows of n
+ *   npr_rmsnorm    y = s / sqrt(mean(s^2) + eps) * scale, s = x (+ skip) (+ bias), over rows of n
  *   npr_gemm_*     C = A @ B (+ bias) (+ R), B packed once (npr_gemm_pack_*), AVX2 and AVX-512;
  *                  npr_gemm_q8_*: B as int8 panels times a scale per column (dequantized weights)
  *   npr_softmax    y = exp(x - max) / sum over rows of n, optionally x + mask first and NaN
@@ -173,6 +174,40 @@ void npr_layernorm(const float *x, const float *scale, const float *bias, float 
             float t = ((xr[i] - mean) * inv) * scale[i];
             yr[i] = bias ? t + bias[i] : t;
         }
+    }
+}
+
+/* RMS normalization (SimplifiedLayerNormalization, SkipSimplifiedLayerNormalization, ONNX's
+ * RMSNormalization) over rows [r0, r1) of n: s = x (+ skip) (+ bias), written to sum when given;
+ * y = s * (1 / sqrt(mean(s^2) + eps)) * scale; inv_out (optional) takes 1 / rms per row. The
+ * sum of squares runs in double: the reference's float64 within float32 rounding of y. */
+void npr_rmsnorm(const float *x, const float *skip, const float *bias, const float *scale, float *y, float *sum,
+                 float *inv_out, long r0, long r1, long n, float eps) {
+    for (long r = r0; r < r1; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n, *sr = sum ? sum + r * n : yr;
+        const float *src = xr;
+        if (skip || bias) {  /* s first (into sum, or y as scratch) */
+            for (long i = 0; i < n; i++) {
+                float v = xr[i];
+                if (skip) v += skip[r * n + i];
+                if (bias) v += bias[i];
+                sr[i] = v;
+            }
+            src = sr;
+        } else if (sum) {
+            memcpy(sum + r * n, xr, (size_t)n * sizeof(float));
+        }
+        double ss = 0.0;
+        for (long i = 0; i < n; i++) ss += (double)src[i] * (double)src[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        if (inv_out) inv_out[r] = inv;
+        __m256 vi = _mm256_set1_ps(inv);
+        long i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(src + i), vi),
+                                                   _mm256_loadu_ps(scale + i)));
+        for (; i < n; i++) yr[i] = (src[i] * inv) * scale[i];
     }
 }
 

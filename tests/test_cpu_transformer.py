@@ -372,3 +372,20 @@ def test_minilm_int8_fused_matches_onnxruntime(threads):
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
     for g_, w_ in zip(got.values(), want):
         np.testing.assert_allclose(g_, w_, rtol=1e-4, atol=1e-4 * np.abs(w_).max())
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 768), (2, 5, 20), (3, 64)])
+def test_rms_normalization_matches_reference(rng, shape):
+    """csrc/transformer.c's RMS norm (RMSNormalization, and the contrib Simplified/Skip
+    forms through rms_call) against the float64 reference, with and without a skip sum."""
+    x, scale = nonzero_normal(rng, shape), nonzero_normal(rng, shape[-1:])
+    got = T.KERNELS["rms_normalization"](prog(1))(x, scale, axis=-1, epsilon=1e-6, stash_type="f32")
+    want = KERNELS["rms_normalization"](x, scale, axis=-1, epsilon=1e-6, stash_type="f32")
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+    skip, bias = nonzero_normal(rng, shape), nonzero_normal(rng, shape[-1:])
+    y, inv, s = T.rms_call(x, scale, skip, bias, 1e-6, want_sum=True)
+    s64 = x.astype(np.float64) + skip + bias
+    np.testing.assert_allclose(s, s64, rtol=1e-6, atol=1e-6)
+    ref = s64 / np.sqrt((s64 ** 2).mean(-1, keepdims=True) + 1e-6) * scale
+    np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(inv[..., 0], 1 / np.sqrt((s64 ** 2).mean(-1) + 1e-6), rtol=1e-6)

@@ -70,10 +70,23 @@ _SKIP_OUT = ["output", "mean?", "inv_std_var?", "input_skip_bias_sum?"]
 ms_op("skip_layer_normalization", "SkipLayerNormalization", inputs=["input", "skip", "gamma", "beta?", "bias?"],
       outputs=_SKIP_OUT, attrs={"epsilon": 1e-12}, groups={"norm"}, dtypes={"input": FLOATS},
       shape=_skip_rule, vector_ops=8, reference=skip_layer_normalization)
+def _cpu_skip_simplified(program):
+    """csrc/transformer.c's RMS norm with the skip (and bias) sum in the same pass."""
+    from ..backends.cpu.ops.transformer import rms_call
+
+    def kernel(x, skip, gamma, bias=None, *, epsilon):
+        r = rms_call(x, gamma, skip, bias, epsilon, want_sum=True)
+        if r is None:
+            return skip_simplified_layer_normalization(x, skip, gamma, bias, epsilon=epsilon)
+        y, inv, s = r
+        return y, np.zeros(inv.shape, np.float32), inv, s
+    return kernel
+
+
 ms_op("skip_simplified_layer_normalization", "SkipSimplifiedLayerNormalization",
       inputs=["input", "skip", "gamma", "bias?"], outputs=_SKIP_OUT, attrs={"epsilon": 1e-12}, groups={"norm"},
       dtypes={"input": FLOATS}, shape=lambda ins, a, node: _skip_rule(ins[:3] + [None, (ins + [None])[3]], a, node),
-      vector_ops=6, reference=skip_simplified_layer_normalization)
+      vector_ops=6, reference=skip_simplified_layer_normalization, cpu_factory=_cpu_skip_simplified)
 
 
 # ------------------------------------------------------------------ RMS norm (ai.onnx domain in ORT)
@@ -93,10 +106,21 @@ def _simplified_rule(ins, a, node):
     return [(x.shape, x.dtype), (_stats_shape(x.shape, a["axis"]), "f32")]
 
 
+def _cpu_simplified(program):
+    from ..backends.cpu.ops.transformer import rms_call
+
+    def kernel(x, scale, *, axis, epsilon, stash_type):
+        r = rms_call(x, scale, epsilon=epsilon) if x.ndim and axis % x.ndim == x.ndim - 1 else None
+        if r is None:
+            return simplified_layer_normalization(x, scale, axis=axis, epsilon=epsilon, stash_type=stash_type)
+        return r[0], r[1]
+    return kernel
+
+
 register_op("simplified_layer_normalization", onnx_op="SimplifiedLayerNormalization", since=1,
             inputs=["X", "scale"], outputs=["Y", "inv_std_var?"], attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1},
             groups={"norm"}, dtypes={"X": FLOATS}, shape=_simplified_rule, vector_ops=5,
-            reference=simplified_layer_normalization)
+            reference=simplified_layer_normalization, cpu_factory=_cpu_simplified)
 
 
 # ------------------------------------------------------------------ embeddings + layer norm

@@ -76,6 +76,7 @@ def _signatures() -> dict:
         "npr_gelu_mt": ([P, P, L, F, F, F, I, I, I], None),
         "npr_layernorm": ([P, P, P, P, P, P, L, L, L, F], None),
         "npr_layernorm_mt": ([P, P, P, P, P, P, L, L, F, I, I], None),
+        "npr_rmsnorm": ([P, P, P, P, P, P, P, L, L, L, F], None),
         "npr_softmax": ([P, P, P, L, L, L, L, L, I, F], None),
         "npr_softmax_mt": ([P, P, P, L, L, L, L, I, F, I, I], None),
         "npr_gemm_mt": ([I, P, P, P, P, P, L, L, L, L, I, I], None),

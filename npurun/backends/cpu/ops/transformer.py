@@ -111,6 +111,36 @@ def make_layer_normalization(program):
     return layer_normalization
 
 
+def rms_call(x, scale, skip=None, bias=None, epsilon=1e-6, want_sum=False):
+    """csrc/transformer.c's RMS normalization over x's last axis: (y, inv (rows..., 1), s)
+    with s = x (+ skip) (+ bias) (None unless want_sum); None where it does not apply
+    (another dtype, a skip of another shape, a scale that is not one value per column)."""
+    n = x.shape[-1] if x.ndim else 0
+    if x.dtype != np.float32 or not n or x.size == 0 or scale.dtype != np.float32 or scale.size != n \
+            or (skip is not None and (skip.dtype != np.float32 or skip.shape != x.shape)) \
+            or (bias is not None and (bias.dtype != np.float32 or bias.size != n)):
+        return None
+    x = np.ascontiguousarray(x)
+    sk = None if skip is None else np.ascontiguousarray(skip)
+    sc, bi = np.ascontiguousarray(scale).reshape(n), None if bias is None else np.ascontiguousarray(bias).reshape(n)
+    rows = x.size // n
+    y = np.empty_like(x)
+    s = np.empty_like(x) if want_sum else None
+    inv = np.empty(x.shape[:-1] + (1,), np.float32)
+    LIB.npr_rmsnorm(_ptr(x), _ptr(sk), _ptr(bi), _ptr(sc), _ptr(y), _ptr(s), _ptr(inv), 0, rows, n, epsilon)
+    return y, inv, s
+
+
+def make_rms_normalization(program):
+    def rms_normalization(x, scale, *, axis, epsilon, stash_type):
+        if x.ndim and axis % x.ndim == x.ndim - 1 and stash_type == "f32":
+            r = rms_call(x, scale, epsilon=epsilon)
+            if r is not None:
+                return r[0]
+        return REF["rms_normalization"](x, scale, axis=axis, epsilon=epsilon, stash_type=stash_type)
+    return rms_normalization
+
+
 def mask_rows(x_shape, m_shape):
     """(mask_div, mask_rows) such that row r of x (rows of its last axis) adds row
     r // mask_div % mask_rows of the mask, or None when the mask does not broadcast that way
@@ -168,5 +198,6 @@ KERNELS = {} if LIB is None else {
     "erf": make_erf,
     "gelu": make_gelu,
     "layer_normalization": make_layer_normalization,
+    "rms_normalization": make_rms_normalization,
     "softmax": make_softmax,
 }
