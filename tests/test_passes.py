@@ -24,7 +24,7 @@ PASSES = ["eliminate_dead_code", "simplify_shapes", "remove_noops", "fold_batchn
           "layout_block4x4", "layout_nchwc", "fold_affine", "fuse_hard_swish", "fuse_swish", "fuse_gelu",
           "fuse_activation", "fuse_masked_softmax", "fuse_matmul_add", "sink_gather", "fuse_affine_chain",
           "fuse_pad", "push_transposes", "fuse_layer_norm", "batch_shared_weights", "fuse_attention",
-          "inline_constant_if"]
+          "inline_constant_if", "fuse_rotary"]
 ESPCN = Path(npurun.__file__).parent / "zoo" / "espcn_x3.onnx"
 
 
@@ -267,3 +267,14 @@ def test_kv_cache_in_place_text_and_values(rng):
         assert not buf[:, :, 5:].any()
     with pytest.raises(npurun.NpurunError, match="is not concat"):
         kv_cache_in_place(parse(before), pairs=[("past", "sp")])
+
+
+def test_rotary_cpu_kernel_is_bit_identical(rng):
+    """rope_half on the cpu backend computes the chain's float32 operations in its order."""
+    from npurun.backends.cpu.ops import FACTORIES
+    from npurun.backends.reference.kernels import KERNELS
+    x, c, s = (nonzero_normal(rng, sh) for sh in ((2, 4, 5, 16), (1, 1, 5, 16), (1, 1, 5, 16)))
+    h = 8
+    chain = x * c + np.concatenate([-x[..., h:], x[..., :h]], -1) * s
+    got = FACTORIES["rope_half"](None)(x, c, s)
+    assert np.array_equal(got, chain) and np.array_equal(KERNELS["rope_half"](x, c, s), chain)

@@ -150,9 +150,10 @@ def _rope1(x, c, s, interleaved):
 
 
 def _cpu_factory(program):
-    """The cpu kernel: `_fast_ok`'s case in float32 with the new rows written into the buffer,
-    each key/value head multiplied by its group of query heads stacked as rows (no repeated
-    keys), csrc/transformer.c's softmax; anything else through gqa_with."""
+    """The cpu kernel: `_fast_ok`'s case in one call of csrc/gqa.c (the new rows written into
+    the buffer, rotary, each query head against its key/value head's rows, softmax), or in
+    NumPy where the shapes do not suit it (each key/value head multiplied by its group of query
+    heads stacked as rows); anything else through gqa_with."""
     from ..backends.cpu.ops import transformer as T
 
     def gqa(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
@@ -165,14 +166,36 @@ def _cpu_factory(program):
             return gqa_with(F32, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                             cos_cache, sin_cache, position_ids, attention_bias, head_sink, *rest, **a)
         s, nq, nkv = query.shape[1], a["num_heads"], a["kv_num_heads"]
-        if key is None:
-            h = query.shape[2] // (nq + 2 * nkv)
-            query, key, value = query[0, :, :nq * h], query[0, :, nq * h:(nq + nkv) * h], query[0, :, (nq + nkv) * h:]
-        else:
-            h = query.shape[2] // nq
-            query, key, value = query[0], key[0], value[0]
+        packed = key is None
+        h = query.shape[2] // (nq + 2 * nkv) if packed else query.shape[2] // nq
         t = int(seqlens_k.reshape(-1)[0]) + 1  # tokens after this step
         p = t - s
+        rd = 2 * cos_cache.shape[1] if a["do_rotary"] else 0
+        scale = 1.0 / np.sqrt(h) if a["scale"] in (None, 0.0) else a["scale"]
+        if h <= 512 and rd <= h and past_key.flags.c_contiguous and past_value.flags.c_contiguous:
+            # csrc/gqa.c: rows written, rotary, grouped heads, softmax in one call
+            query = np.ascontiguousarray(query)
+            if packed:
+                kv, qs = query, query.shape[2]
+                ko, vo, kvs = nq * h * 4, (nq + nkv) * h * 4, qs
+            else:
+                key, value = np.ascontiguousarray(key, F32), np.ascontiguousarray(value, F32)
+                kv, qs, ko, vo, kvs = None, nq * h, 0, 0, nkv * h
+            c = np.ascontiguousarray(cos_cache[p:t], F32) if rd else None
+            sn = np.ascontiguousarray(sin_cache[p:t], F32) if rd else None
+            y = np.empty((1, s, nq * h), F32)
+            work = np.empty(t, F32)
+            kp = kv.ctypes.data + ko if packed else key.ctypes.data
+            vp = kv.ctypes.data + vo if packed else value.ctypes.data
+            T.LIB.npr_gqa_step(query.ctypes.data, qs, kp, vp, kvs, past_key.ctypes.data, past_value.ctypes.data,
+                               past_key.shape[2], p, s, nq, nkv, h, None if c is None else c.ctypes.data,
+                               None if sn is None else sn.ctypes.data, rd, a["rotary_interleaved"], scale,
+                               y.ctypes.data, work.ctypes.data)
+            return y, past_key, past_value
+        if packed:
+            query, key, value = query[0, :, :nq * h], query[0, :, nq * h:(nq + nkv) * h], query[0, :, (nq + nkv) * h:]
+        else:
+            query, key, value = query[0], key[0], value[0]
         q, k = query.reshape(s, nq, h), key.reshape(s, nkv, h)
         if a["do_rotary"]:
             c, sn = cos_cache[p:t, None, :], sin_cache[p:t, None, :]  # (S, 1, dim/2)
@@ -182,7 +205,7 @@ def _cpu_factory(program):
         g = nq // nkv
         qg = q.reshape(s, nkv, g, h).transpose(1, 2, 0, 3).reshape(nkv, g * s, h)  # (Nkv, G*S, H)
         scores = np.matmul(qg, past_key[0, :, :t].transpose(0, 2, 1))  # (Nkv, G*S, T)
-        scores *= F32(1.0 / np.sqrt(h) if a["scale"] in (None, 0.0) else a["scale"])
+        scores *= F32(scale)
         mask = None
         if s > 1:  # query i (position p + i) sees keys 0 .. p + i
             mask = np.where(np.arange(t)[None, :] <= p + np.arange(s)[:, None], F32(0), F32(-np.inf))

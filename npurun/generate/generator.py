@@ -229,6 +229,11 @@ class Generator:
     def step(self, cache: KVCache, ids, *, priority=None, timeout=None, name=None) -> np.ndarray:
         """Run the model on new token `ids` after the cache's rows; the cache then holds them
         too. Returns the logits of the last new token (vocabulary,)."""
+        return self.logits(cache, ids, priority=priority, timeout=timeout, name=name)[-1]
+
+    def logits(self, cache: KVCache, ids, *, priority=None, timeout=None, name=None) -> np.ndarray:
+        """`step`, returning the logits of every new token (len(ids), vocabulary): to score a
+        text (perplexity) or to check a model against another runtime."""
         s = self.spec
         n, p = len(ids), cache.length
         if p + n > cache.rows:
@@ -249,7 +254,7 @@ class Generator:
                 if not np.shares_memory(got, buf):  # a kernel that wrote elsewhere: its rows, once
                     buf[:, :, p:p + n] = got[:, :, p:p + n]
         cache.length = p + n
-        return out[s.logits][0, -1]
+        return out[s.logits][0]
 
 
 class Stream:

@@ -36,6 +36,7 @@ from .fuse_masked_softmax import fuse_masked_softmax
 from .fuse_matmul_add import fuse_matmul_add
 from .fuse_ops import fuse_ops
 from .fuse_pad import fuse_pad
+from .fuse_rotary import fuse_rotary
 from .fuse_swish import fuse_swish
 from .inline_constant_if import inline_constant_if
 from .push_transposes import push_transposes
@@ -64,8 +65,8 @@ STANDARD: list[Pass] = [fold_constants, inline_constant_if, simplify_shapes, fol
 # fusion, the softmax's mask add before the matmul adds (which would take it otherwise), the
 # scalar affine runs last (they take what the others left).
 CPU_LOWERING: list[Pass] = [fold_affine, fuse_layer_norm, fuse_hard_swish, fuse_swish, fuse_gelu, fuse_activation,
-                            fuse_masked_softmax, fuse_attention, fuse_matmul_add, batch_shared_weights, sink_gather,
-                            fuse_affine_chain, eliminate_dead_code]
+                            fuse_masked_softmax, fuse_attention, fuse_rotary, fuse_matmul_add, batch_shared_weights,
+                            sink_gather, fuse_affine_chain, eliminate_dead_code]
 PIPELINES: dict[str, list[Pass]] = {
     "default": STANDARD,
     # The oracle runs a graph as it is written: a pass that broke a model must not break the

@@ -8,6 +8,9 @@ result is what the unfused chain gave:
                                     scaled_dot_product_attention's where(isnan(p), 0, p))
     matmul_add(a, b, c*)            ((a @ b) + c0) + c1 ...  (a linear layer's bias, a residual)
     affine_activation(x)            s1 * act(s0 * x + t0) + t1  (scalars; act optional)
+    rope_half(x, cos, sin)          x * cos + rotate_half(x) * sin, rotate_half(x) =
+                                    concat(-x[..., d/2:], x[..., :d/2]) (transformers' rotary
+                                    embedding as exporters write it)
 """
 from __future__ import annotations
 
@@ -42,3 +45,16 @@ def _matmul_add(node, a, ins):
 def _affine_activation(node, a, ins):
     check_activation(node, a)
     return _same(node, a, ins)
+
+
+@op("rope_half", ["x", "cos", "sin"], groups={"elementwise", "fused"},
+    macs=lambda a, ins, outs: 2 * numel(outs[0]))
+def _rope_half(node, a, ins):
+    x, c, s = ins
+    d = x.shape[-1] if x.shape else None
+    if not isinstance(d, int) or d % 2:
+        _fail(node, f"x's last dim must be a known even size, got {list(x.shape)}")
+    shape = broadcast(broadcast(tuple(x.shape), tuple(c.shape)) or (), tuple(s.shape))
+    if shape is None or broadcast(tuple(x.shape), tuple(c.shape)) is None:
+        _fail(node, f"cos {list(c.shape)} and sin {list(s.shape)} do not broadcast to x {list(x.shape)}")
+    return [(shape, x.dtype)]

@@ -6,7 +6,8 @@ here computes what the op's reference kernel computes, checked in tests/test_cpu
 - `matmul_add` (and a plain `matmul`) by a constant 2-D weight: the packed-weight sgemm with
   the bias and residual added in its store (ops/matmul.py `linear`, weights packed once per
   node: `linear_kernel`); by a computed operand, banded BLAS with the adds in place;
-- `affine_activation`: csrc/chain.c's one pass y = s1 * act(s0 * x + t0) + t1.
+- `affine_activation`: csrc/chain.c's one pass y = s1 * act(s0 * x + t0) + t1;
+- `rope_half`: the rotary embedding in NumPy with two fewer temporaries, bit-identical.
 
 Anything a kernel does not take (another dtype, a mask that broadcasts some other way) runs
 the reference kernel.
@@ -124,8 +125,25 @@ PIECE_MIN = 1 << 20  # elements: smaller maps run in one call (under ~1 ms)
 AFFINE_S_PER_ELEMENT = 1e-9
 
 
+def make_rope_half(program):
+    """x * cos + concat(-x2, x1) * sin with two fewer temporaries: the same float32 products
+    and sums in the same order (a + (-b) is a - b exactly), so bit-identical to the reference."""
+    def rope_half(x, cos, sin):
+        h = x.shape[-1] // 2
+        if x.dtype != np.float32 or cos.dtype != np.float32 or sin.dtype != np.float32 \
+                or np.broadcast_shapes(x.shape, cos.shape, sin.shape) != x.shape or sin.shape[-1] not in (1, 2 * h):
+            return REF["rope_half"](x, cos, sin)
+        y = x * cos
+        s1, s2 = (sin, sin) if sin.shape[-1] == 1 else (sin[..., :h], sin[..., h:])
+        np.subtract(y[..., :h], x[..., h:] * s1, out=y[..., :h])
+        np.add(y[..., h:], x[..., :h] * s2, out=y[..., h:])
+        return y
+    return rope_half
+
+
 KERNELS = {} if T.LIB is None else {
     "masked_softmax": make_masked_softmax,
     "matmul_add": make_matmul_add,
     "affine_activation": make_affine_activation,
+    "rope_half": make_rope_half,
 }

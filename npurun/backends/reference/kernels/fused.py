@@ -29,3 +29,11 @@ def affine_activation(x, *, s0, t0, activation, activation_params, s1, t1):
     y = x * dt.type(s0) + dt.type(t0) if (s0, t0) != (1.0, 0.0) else x
     y = activate(y, activation, activation_params)
     return y * dt.type(s1) + dt.type(t1) if (s1, t1) != (1.0, 0.0) else y
+
+
+@kernel("rope_half")
+def rope_half(x, cos, sin):
+    # exactly the chain it replaces: x * cos + concat(-x2, x1) * sin
+    h = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+    return x * cos + rot * sin
