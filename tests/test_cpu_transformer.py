@@ -389,3 +389,28 @@ def test_rms_normalization_matches_reference(rng, shape):
     ref = s64 / np.sqrt((s64 ** 2).mean(-1, keepdims=True) + 1e-6) * scale
     np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-6)
     np.testing.assert_allclose(inv[..., 0], 1 / np.sqrt((s64 ** 2).mean(-1) + 1e-6), rtol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("hq, hkv, s, t, mask", [(4, 2, 1, 37, "float"), (4, 4, 6, 6, "bool"), (6, 2, 5, 9, None),
+                                                 (2, 1, 64, 64, "float")])
+def test_attention_kernel_matches_reference(rng, threads, hq, hkv, s, t, mask):
+    """The fused attention's cpu kernel (ops/attention.py) against the reference: grouped heads,
+    additive and boolean masks, keys and values of its own and as views of a larger cache
+    buffer (the decode case, read in place)."""
+    from npurun.backends.cpu.ops import attention as A
+    q = nonzero_normal(rng, (1, hq, s, 16))
+    buf_k, buf_v = nonzero_normal(rng, (1, hkv, t + 20, 16)), nonzero_normal(rng, (1, hkv, t + 20, 16))
+    m = None
+    if mask == "float":
+        m = np.where(rng.random((1, 1, s, t)) < 0.8, 0, -np.inf).astype(np.float32)
+        m[..., 0] = 0  # every query sees a key
+    elif mask == "bool":
+        m = rng.random((1, 1, s, t)) < 0.8
+        m[..., 0] = True
+    attrs = dict(is_causal=0, q_num_heads=0, kv_num_heads=0, qk_matmul_output_mode=0, scale=0.3, softcap=0.0,
+                 softmax_precision=None, left_window_size=-1, right_window_size=-1)
+    kern = A.KERNELS["attention"](prog(threads))
+    for k, v in ((buf_k[:, :, :t].copy(), buf_v[:, :, :t].copy()), (buf_k[:, :, :t], buf_v[:, :, :t])):
+        want = KERNELS["attention"](q, k, v, m, **attrs)[0]
+        np.testing.assert_allclose(kern(q, k, v, m, **attrs), want, rtol=2e-5, atol=2e-5)

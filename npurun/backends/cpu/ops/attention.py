@@ -8,7 +8,8 @@ rows, (B, Hkv, group * S, D), and multiplied by their key/value head in one prod
 k and v are read where they are -- in a decoder that keeps its cache in place
 (passes/kv_cache_in_place.py) they are views of the cache buffer, which NumPy's matmul hands
 to BLAS as they are (rows of D floats; the transposed keys as a transposed operand), with no
-copy (tests/test_generate.py counts the bytes a decode step allocates). The softmax is
+copy (tests/test_generate.py counts the bytes a decode step allocates). An encoder's own
+keys and values take the cpu matmul instead (heads over the library's pool). The softmax is
 csrc/transformer.c's with the mask added and dead rows set to 0 (ONNX's rule for a query that
 sees no key). Anything else runs the reference kernel.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...reference.kernels import KERNELS as REF
+from .. import blas
+from . import matmul as MM
 from . import transformer as T
 
 
@@ -39,7 +42,8 @@ def make_attention(program):
         hkv, t = k.shape[1], k.shape[2]
         rows = hq // hkv * s  # a key/value head's query rows: its group's heads stacked
         qg = q.reshape(b, hkv, rows, q.shape[3])
-        scores = np.matmul(qg, k.transpose(0, 1, 3, 2))  # (B, Hkv, rows, T)
+        products = _products(program, k, v)
+        scores = products(qg, k.transpose(0, 1, 3, 2))  # (B, Hkv, rows, T)
         scores *= np.float32(a["scale"])
         scores = scores.reshape(b, hq, s, t)
         mask = attn_mask
@@ -48,9 +52,22 @@ def make_attention(program):
         p = T.softmax_call(program, scores, mask, 0.0)
         if p is None:  # a mask that broadcasts some other way
             return REF["attention"](q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, **a)
-        y = np.matmul(p.reshape(b, hkv, rows, t), v)  # (B, Hkv, rows, Dv)
+        y = products(p.reshape(b, hkv, rows, t), v)  # (B, Hkv, rows, Dv)
         return y.reshape(b, hq, s, v.shape[3])
     return attention
+
+
+def _products(program, k, v):
+    """How the two batched products run: keys and values of their own (an encoder's, C-order)
+    through the cpu matmul (heads split over the library's pool, as the unfused graph's
+    matmuls ran), views of a cache buffer through NumPy's matmul on one BLAS thread, which
+    reads them in place (no copy of the cache)."""
+    if k.flags.c_contiguous and v.flags.c_contiguous:
+        def mm(a, b):
+            y = MM.matmul_add(program, a, b)
+            return np.matmul(a, b) if y is None else y
+        return mm
+    return lambda a, b: blas.with_threads(1, lambda: np.matmul(a, b))
 
 
 KERNELS = {} if T.LIB is None else {"attention": make_attention}
