@@ -222,6 +222,8 @@ class Generator:
         shapes = {s.input_ids: (1, 1)}
         if s.position_ids:
             shapes[s.position_ids] = (1, 1)
+        if s.attention_mask:  # batch 1; its length grows every step: left symbolic
+            shapes[s.attention_mask] = (1, None)
         for k, v in s.past:
             shapes[k] = shapes[v] = (1, s.kv_heads, rows, s.head_size)
         return shapes

@@ -107,7 +107,9 @@ def prepare(graph: Graph, device: str, shapes: dict | None = None, *, verify_eac
 def _bind_inputs(g: Graph, shapes: dict) -> None:
     """Input values whose dims are symbolic take the concrete dims of `shapes` (a mismatch is
     left for the run's input check to report), and every value's shape is inferred again from
-    them in order: a dim inference now knows replaces a symbol or a `?`."""
+    them in order: a dim inference now knows replaces a symbol or a `?`. A dim given as None
+    stays as declared (a generator binds a decode step's batch and token count but not the
+    attention mask's growing length)."""
     from ..ir.ops import infer_node
     from ..ir.shapes import bind
     changed = False
@@ -117,8 +119,10 @@ def _bind_inputs(g: Graph, shapes: dict) -> None:
         if s is None or v.kind != "tensor" or v.shape is None or len(s) != len(v.shape) \
                 or all(isinstance(d, int) for d in v.shape):
             continue
-        if bind(v.shape, tuple(s), {}):
-            v.shape = tuple(int(d) for d in s)
+        new = tuple(d if x is None else int(x) for d, x in zip(v.shape, s))
+        given = [(d, x) for d, x in zip(v.shape, s) if x is not None]
+        if new != tuple(v.shape) and bind(tuple(d for d, _ in given), tuple(x for _, x in given), {}):
+            v.shape = new
             changed = True
     if not changed:
         return

@@ -9,8 +9,9 @@ Exporters compute reshape targets at run time:
     y = reshape(x, t)       # y was [?, ?, ?, ?]
 
 The pass tracks the *contents* of small integer tensors as dims (ints, symbols, or "dim i
-of value v" for a `?` dim), through shape, gather, slice, concat, squeeze, unsqueeze, cast, identity and
-add/sub/mul by an integer constant. Then:
+of value v" for a `?` dim), through shape, gather, slice, concat, squeeze, unsqueeze, reshape, cast, identity, add/sub/mul by an
+integer constant, and equal/where (torch's expand target `where(shape == -1, 1, shape)`: a
+dim is never -1). Then:
 
 1. a node whose contents are all integers becomes a constant (dead-code removal drops what
    computed it);
@@ -45,7 +46,7 @@ def _contents(g: Graph, n: Node, known: dict) -> list | None:
         if nm in known:
             return known[nm]
         d = const_data(g, nm)
-        if d is not None and d.dtype.kind in "iu" and d.ndim <= 1 and d.size <= MAX_TRACKED:
+        if d is not None and d.dtype.kind in "iub" and d.ndim <= 1 and d.size <= MAX_TRACKED:
             return [int(v) for v in d.reshape(-1)]
         return None
 
@@ -61,7 +62,7 @@ def _contents(g: Graph, n: Node, known: dict) -> list | None:
     x = get(0)
     if x is None:
         return None
-    if n.op in ("identity", "cast", "squeeze", "unsqueeze"):
+    if n.op in ("identity", "cast", "squeeze", "unsqueeze", "reshape"):  # (1-D and scalar values only)
         return x if n.op != "cast" or a["to"] in INT_TYPES else None
     if n.op == "concat":
         parts = [get(i) for i in range(len(n.inputs))]
@@ -77,6 +78,28 @@ def _contents(g: Graph, n: Node, known: dict) -> list | None:
         if st is None or en is None or steps is None or st.size != 1 or en.size != 1:
             return None
         return x[slice(int(st[0]), int(en[0]), int(steps.reshape(-1)[0]))]
+    if n.op == "equal":  # an exporter's where(shape == -1, 1, shape) before an expand
+        y = get(1)
+        if y is None or len(y) not in (1, len(x)) and len(x) != 1:
+            return None
+        out = []
+        for a_, b_ in zip(x * (len(y) if len(x) == 1 else 1), y * (len(x) if len(y) == 1 else 1)):
+            if isinstance(a_, int) and isinstance(b_, int):
+                out.append(int(a_ == b_))
+            elif (isinstance(a_, int) and a_ < 0) or (isinstance(b_, int) and b_ < 0):
+                out.append(0)  # a dim (a symbol, or `?`) is never negative
+            else:
+                return None
+        return out
+    if n.op == "where":
+        a_, b_ = get(1), get(2)
+        if a_ is None or b_ is None or not all(isinstance(c_, int) for c_ in x):
+            return None
+        size = max(len(x), len(a_), len(b_))
+        if any(len(v) not in (1, size) for v in (x, a_, b_)):
+            return None
+        pick = lambda v, i: v[0] if len(v) == 1 else v[i]  # noqa: E731
+        return [pick(a_, i) if pick(x, i) else pick(b_, i) for i in range(size)]
     if n.op in ("add", "sub", "mul") and len(x) == 1:
         c = get(1)
         if c is None or len(c) != 1 or not isinstance(c[0], int) or isinstance(x[0], tuple):
@@ -116,27 +139,32 @@ def _expand_target(x_name, x_shape, target) -> list[int] | None:
 
 
 def _refine(g: Graph) -> None:
-    """Re-infer each node's outputs; a declared `?` takes what inference now knows, and a
-    declared symbol the int it now knows (the exporter's `batch_size` of an intermediate value,
-    once the inputs are bound to concrete shapes)."""
+    """Re-infer each node's outputs (see _refine_node)."""
     for n in g.nodes:
-        if n.regions:
+        _refine_node(g, n)
+
+
+def _refine_node(g: Graph, n: Node) -> None:
+    """Re-infer n's outputs; a declared `?` takes what inference now knows, and a declared
+    symbol the int it now knows (the exporter's `batch_size` of an intermediate value, once
+    the inputs are bound to concrete shapes)."""
+    if n.regions:
+        return
+    try:
+        inferred = infer_node(n, g.values)
+    except Exception:  # noqa: BLE001 - a node inference cannot judge keeps its declaration
+        return
+    for nm, (shape, dtype, kind) in zip(n.outputs, inferred):
+        v = g.values[nm]
+        if shape is None or dtype != v.dtype or kind != v.kind:
             continue
-        try:
-            inferred = infer_node(n, g.values)
-        except Exception:  # noqa: BLE001 - a node inference cannot judge keeps its declaration
+        if v.shape is None:  # the rank is known now
+            v.shape = tuple(shape)
             continue
-        for nm, (shape, dtype, kind) in zip(n.outputs, inferred):
-            v = g.values[nm]
-            if shape is None or dtype != v.dtype or kind != v.kind:
-                continue
-            if v.shape is None:  # the rank is known now
-                v.shape = tuple(shape)
-                continue
-            if len(shape) != len(v.shape):
-                continue
-            v.shape = tuple(s if (d == UNKNOWN and s != UNKNOWN) or (isinstance(d, str) and isinstance(s, int)) else d
-                            for d, s in zip(v.shape, shape))
+        if len(shape) != len(v.shape):
+            continue
+        v.shape = tuple(s if (d == UNKNOWN and s != UNKNOWN) or (isinstance(d, str) and isinstance(s, int)) else d
+                        for d, s in zip(v.shape, shape))
 
 
 def simplify_shapes(g: Graph) -> Graph:
@@ -145,7 +173,7 @@ def simplify_shapes(g: Graph) -> Graph:
     for n in g.nodes:
         out = n.outputs[0] if len(n.outputs) == 1 else None
         v = g.values.get(out) if out else None
-        if v is not None and not n.regions and v.kind == "tensor" and v.dtype in INT_TYPES \
+        if v is not None and not n.regions and v.kind == "tensor" and (v.dtype in INT_TYPES or v.dtype == "bool") \
                 and v.shape is not None and len(v.shape) <= 1:
             try:
                 c = _contents(g, n, known)
@@ -166,10 +194,28 @@ def simplify_shapes(g: Graph) -> Graph:
             if new is not None:
                 n.inputs[1] = new_const(g, f"{n.outputs[0]}.shape", np.array(new, np.int64),
                                         like=g.values[n.inputs[1]])
+            elif n.op == "expand":
+                _expand_dims(g.values[n.outputs[0]], x.shape, t)
+        _refine_node(g, n)  # (in order: what the next nodes read is as known as it gets)
         kept.append(n)
     g.nodes = kept
     _refine(g)
     return g
+
+
+def _expand_dims(v, x_shape, target) -> None:
+    """An expand whose target is known only in part still has dims it surely gives: an int
+    target dim above 1 (x's is 1 or the same), x's int dim where the target's is 1. (A causal
+    mask expanded to (batch 1, 1, 1 query, T keys) keeps its leading 1s, so the scores and
+    everything after them keep theirs.)"""
+    if v.shape is None or len(v.shape) != len(target) or len(x_shape) > len(target):
+        return
+    xs = (1,) * (len(target) - len(x_shape)) + tuple(x_shape)
+    dims = []
+    for d, xd, t in zip(v.shape, xs, target):
+        sure = t if isinstance(t, int) and t > 1 else xd if t == 1 and isinstance(xd, int) else None
+        dims.append(sure if d == UNKNOWN and sure is not None else d)
+    v.shape = tuple(dims)
 
 
 def _fits(shape, contents) -> bool:

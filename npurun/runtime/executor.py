@@ -311,7 +311,7 @@ def _shape_key(graph: Graph, shapes: dict | None) -> tuple:
     for name in graph.inputs:
         v = graph.values[name]
         if v.kind == "tensor" and not all(isinstance(d, int) for d in v.shape) and name in shapes:
-            out.append((name, tuple(int(d) for d in shapes[name])))
+            out.append((name, tuple(None if d is None else int(d) for d in shapes[name])))
     return tuple(out)
 
 
