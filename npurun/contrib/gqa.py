@@ -150,7 +150,7 @@ def _rope1(x, c, s, interleaved):
 
 
 def _cpu_factory(program):
-    """The cpu kernel: `_fast_ok`'s case in one call of csrc/gqa.c (the new rows written into
+    """The cpu kernel: `_fast_ok`'s case in one call of csrc/attend.c (the new rows written into
     the buffer, rotary, each query head against its key/value head's rows, softmax), or in
     NumPy where the shapes do not suit it (each key/value head multiplied by its group of query
     heads stacked as rows); anything else through gqa_with."""
@@ -173,7 +173,7 @@ def _cpu_factory(program):
         rd = 2 * cos_cache.shape[1] if a["do_rotary"] else 0
         scale = 1.0 / np.sqrt(h) if a["scale"] in (None, 0.0) else a["scale"]
         if h <= 512 and rd <= h and past_key.flags.c_contiguous and past_value.flags.c_contiguous:
-            # csrc/gqa.c: rows written, rotary, grouped heads, softmax in one call
+            # csrc/attend.c: rows written, rotary, grouped heads, softmax in one call
             query = np.ascontiguousarray(query)
             if packed:
                 kv, qs = query, query.shape[2]

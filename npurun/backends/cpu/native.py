@@ -87,8 +87,9 @@ def _signatures() -> dict:
         "npr_q4_gemm_mt": ([P, P, P, P, P, P, P, L, L, L, L, I, I], None),
         "npr_q4_prep_a": ([P, L, L, L, L, P, P, P], None),
         "npr_q4_gemm_vnni_mt": ([P, P, P, P, P, P, P, P, L, L, L, I, I], None),
-        # gqa.c: GroupQueryAttention for one sequence over a shared KV buffer (contrib/gqa.py)
+        # attend.c: attention of a few query rows over a KV cache (contrib/gqa.py, ops/attention.py)
         "npr_gqa_step": ([P, L, P, P, L, P, P, L, L, L, I, I, I, P, P, I, I, F, P, P], None),
+        "npr_attention_rows": ([P, L, L, L, L, P, L, L, L, P, L, L, L, L, L, L, P, L, L, L, L, F, P, P], None),
         # recurrent.c: the LSTM and GRU recurrences
         "npr_lstm_f32": ([P, P, P, P, P, L, I, I, I, I], I),
         "npr_gru_f32": ([P, P, P, P, P, L, I, I, I, I, I], I),

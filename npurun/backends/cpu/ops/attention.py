@@ -40,6 +40,8 @@ def make_attention(program):
             return REF["attention"](q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, **a)
         b, hq, s, _ = q.shape
         hkv, t = k.shape[1], k.shape[2]
+        if s <= ROWS_IN_C and k.strides[3] == v.strides[3] == 4:  # a decode step: csrc/attend.c, one call
+            return _rows_in_c(q, k, v, attn_mask, a["scale"])
         rows = hq // hkv * s  # a key/value head's query rows: its group's heads stacked
         qg = q.reshape(b, hkv, rows, q.shape[3])
         products = _products(program, k, v)
@@ -55,6 +57,29 @@ def make_attention(program):
         y = products(p.reshape(b, hkv, rows, t), v)  # (B, Hkv, rows, Dv)
         return y.reshape(b, hq, s, v.shape[3])
     return attention
+
+
+ROWS_IN_C = 4  # query rows per head up to which csrc/attend.c beats the batched products
+
+
+def _rows_in_c(q, k, v, mask, scale):
+    q = np.ascontiguousarray(q)
+    b, hq, s, d = q.shape
+    y = np.empty((b, hq, s, v.shape[3]), np.float32)
+    work = np.empty(max(k.shape[2], 1), np.float32)
+    ks, vs = [x // 4 for x in k.strides], [x // 4 for x in v.strides]
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            mask = np.where(mask, np.float32(0), np.float32(-np.inf))
+        m = np.broadcast_to(mask, (b, hq, s, k.shape[2]))
+        ms = [x // 4 for x in m.strides]
+        mp = m.ctypes.data  # (a broadcast view: the strides say where each row is)
+    else:
+        ms, mp = [0, 0, 0, 0], None
+    T.LIB.npr_attention_rows(q.ctypes.data, b, hq, s, d, k.ctypes.data, ks[0], ks[1], ks[2], v.ctypes.data,
+                             vs[0], vs[1], vs[2], k.shape[1], k.shape[2], v.shape[3], mp, ms[0], ms[1], ms[2],
+                             ms[3], float(scale), y.ctypes.data, work.ctypes.data)
+    return y
 
 
 def _products(program, k, v):

@@ -61,6 +61,7 @@ class Int4Weights:
             self.zb32 = np.zeros((N, self.T), np.float32)
             self.bs32[:, :t] = np.repeat(s, r, axis=1)
             self.zb32[:, :t] = np.repeat(s * z.astype(np.float32), r, axis=1)
+            self._bp, self._bs32, self._zb32 = self.bp.ctypes.data, self.bs32.ctypes.data, self.zb32.ctypes.data
         else:
             self.b = np.ascontiguousarray(b, np.uint8)
             self.scales = s
@@ -76,12 +77,14 @@ class Int4Weights:
         pb = None if bias is None else np.ascontiguousarray(bias, np.float32)
         pbias = None if pb is None else pb.ctypes.data
         if self.vnni:
-            qa = np.empty((M, self.T * SUB), np.int8)
-            as32, aa32 = np.empty((M, self.T), np.float32), np.empty((M, self.T), np.float32)
-            lib.npr_q4_prep_a(x.ctypes.data, M, self.K, self.bs, self.T, qa.ctypes.data, as32.ctypes.data,
-                              aa32.ctypes.data)
-            lib.npr_q4_gemm_vnni_mt(qa.ctypes.data, as32.ctypes.data, aa32.ctypes.data, self.bp.ctypes.data,
-                                    self.bs32.ctypes.data, self.zb32.ctypes.data, pbias, c.ctypes.data, M, N, self.T,
+            # one scratch buffer for A's int8 rows and its two scale rows (a decode step calls
+            # this ~60 times per token: allocations and pointer lookups add up)
+            T = self.T
+            scratch = np.empty(M * T * (SUB // 4 + 2), np.float32)
+            qa, as32, aa32 = scratch.ctypes.data, scratch.ctypes.data + M * T * SUB, \
+                scratch.ctypes.data + M * T * (SUB + 4)
+            lib.npr_q4_prep_a(x.ctypes.data, M, self.K, self.bs, T, qa, as32, aa32)
+            lib.npr_q4_gemm_vnni_mt(qa, as32, aa32, self._bp, self._bs32, self._zb32, pbias, c.ctypes.data, M, N, T,
                                     threads, chunks)
         else:
             qa = np.empty((M, self.kb * self.bs), np.int8)

@@ -1,5 +1,8 @@
-/* GroupQueryAttention for one sequence over a shared KV buffer (npurun/contrib/gqa.py's fast
- * path, the GenAI builder's attention as a generator runs it): for each of the S new tokens,
+/* Attention of a few query rows over a KV cache, in one call (a decode step's; ~20 NumPy ops
+ * and their allocations otherwise):
+ *
+ * npr_gqa_step: GroupQueryAttention for one sequence over a shared KV buffer (npurun/contrib/
+ * gqa.py's fast path, the GenAI builder's attention as a generator runs it): for each of the S new tokens,
  * rotary embeddings on its query and key heads, its key and value rows written into the cache
  * buffer at row P + i, then each query head attends to rows 0 .. P + i of its key/value head
  * (head hq reads key/value head hq / (Nq / Nkv)). One call per node instead of ~20 NumPy ops;
@@ -87,4 +90,47 @@ void npr_gqa_step(const float *q, long qstride, const float *k, const float *v, 
             for (long j = 0; j < t; j++) axpy(yr, work[j] * inv, vb + j * H, H);
         }
     }
+}
+
+/* softmax(q . K^T * scale + mask) . V for one query row of D floats against keys/values rows
+ * 0 .. t-1 (row strides kst, vst); mask: t floats or NULL; a row with no visible key (all
+ * -inf) gives zeros, ONNX Attention's rule. y: Dv floats; work: t floats. */
+static void attend_row(const float *q, const float *k, long kst, const float *v, long vst, long t, int D, int Dv,
+                       const float *mask, long mst, float scale, float *y, float *work)
+{
+    float m = -INFINITY;
+    for (long j = 0; j < t; j++) {
+        float d = dot(q, k + j * kst, D) * scale + (mask ? mask[j * mst] : 0.0f);
+        work[j] = d;
+        m = d > m ? d : m;
+    }
+    for (int e = 0; e < Dv; e++) y[e] = 0.0f;
+    if (m == -INFINITY) return;
+    float sum = 0.0f;
+    for (long j = 0; j < t; j++) {
+        work[j] = expf(work[j] - m);
+        sum += work[j];
+    }
+    float inv = 1.0f / sum;
+    for (long j = 0; j < t; j++) axpy(y, work[j] * inv, v + j * vst, Dv);
+}
+
+/* npr_attention_rows: ONNX Attention (4-D, no cache operands) for the fused attention of an
+ * exported decoder: q (B, Hq, S, D) and y (B, Hq, S, Dv) contiguous; k, v (B, Hkv, T, D|Dv)
+ * with element strides (batch, head, row) -- views of a cache buffer read in place; query head
+ * h reads key/value head h / (Hq / Hkv); mask: additive, strides (batch, head, query, key)
+ * (0 where it broadcasts) or NULL; work: T floats. */
+void npr_attention_rows(const float *q, long B, long Hq, long S, long D, const float *k, long ksb, long ksh,
+                        long kst, const float *v, long vsb, long vsh, long vst, long Hkv, long T, long Dv,
+                        const float *mask, long msb, long msh, long mss, long mst, float scale, float *y,
+                        float *work)
+{
+    long group = Hq / Hkv;
+    for (long b = 0; b < B; b++)
+        for (long h = 0; h < Hq; h++)
+            for (long i = 0; i < S; i++)
+                attend_row(q + ((b * Hq + h) * S + i) * D, k + b * ksb + (h / group) * ksh, kst,
+                           v + b * vsb + (h / group) * vsh, vst, T, (int)D, (int)Dv,
+                           mask ? mask + b * msb + h * msh + i * mss : NULL, mst, scale,
+                           y + ((b * Hq + h) * S + i) * Dv, work);
 }
