@@ -58,6 +58,7 @@ def run(args) -> int:
         out.flush()
     r = stream.result
     out.write("\n")
+    out.flush()
     if args.json:
         out.write(json.dumps({"text": r.text, "ids": r.ids, "prompt_tokens": len(r.prompt_ids),
                               "finish_reason": r.finish_reason, "ttft_ms": round(r.ttft_ms, 3),
