@@ -8,7 +8,8 @@ README, exported both ways users bring them:
   GroupQueryAttention over a shared past/present buffer, MatMulNBits for int4).
 
 Llama, Qwen2 and Phi-3 have fewer key/value heads than query heads (grouped-query attention);
-GPT-2 has one key/value head per query head. Weights are drawn with a wider spread than the
+GPT-2 has one key/value head per query head. Qwen2 ties its embeddings to the lm_head (the
+builder's int4 graph then gathers from the quantized lm_head: GatherBlockQuantized). Weights are drawn with a wider spread than the
 libraries' default (initializer_range 0.3) so the logits do not all tie and greedy decoding
 is a real test.
 """
@@ -33,7 +34,7 @@ def configs(vocab: int) -> dict:
                   initializer_range=0.3, bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False)
     return {
         "llama": T.LlamaConfig(**common),
-        "qwen2": T.Qwen2Config(**common),
+        "qwen2": T.Qwen2Config(**{**common, "tie_word_embeddings": True}),  # (GatherBlockQuantized at int4)
         "phi3": T.Phi3Config(**common, original_max_position_embeddings=POSITIONS),
         "gpt2": T.GPT2Config(vocab_size=vocab, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=POSITIONS,
                              initializer_range=0.3, bos_token_id=0, eos_token_id=1),

@@ -95,3 +95,21 @@ def test_int4_at_accuracy_level_4(rng, tmp_path, monkeypatch, isa, rows, k, bloc
     m = node_model("MatMulNBits", ins, attrs={"K": k, "N": n, "bits": 4, "block_size": block, "accuracy_level": 4},
                    consts={"b", "s", "z", "bias"})
     check(m, {"a": a}, tmp_path, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bits, zp", [(4, False), (4, True), (8, False), (8, True)])
+def test_gather_block_quantized(rng, tmp_path, bits, zp):
+    """The GenAI builder's quantized embedding (GatherBlockQuantized, uint8 data holding 4- or
+    8-bit values, rows gathered then dequantized) against ONNX Runtime."""
+    rows, cols, block = 50, 64, 32
+    q = rng.integers(0, 1 << bits, (rows, cols))
+    data = _pack(q, bits) if bits == 4 else q.astype(np.uint8)
+    scales = rng.uniform(0.01, 0.05, (rows, cols // block)).astype(np.float32)
+    ids = rng.integers(0, rows, (2, 7)).astype(np.int64)
+    ins = [("d", data), ("i", ids), ("s", scales)]
+    if zp:
+        z = rng.integers(0, 1 << bits, (rows, cols // block))
+        ins.append(("z", _pack(z, bits) if bits == 4 else z.astype(np.uint8)))
+    m = node_model("GatherBlockQuantized", ins, attrs={"bits": bits, "block_size": block, "gather_axis": 0,
+                                                       "quantize_axis": 1}, consts={"d", "s", "z"})
+    check(m, {"i": ids}, tmp_path, rtol=1e-6, atol=1e-6)

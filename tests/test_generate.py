@@ -30,7 +30,7 @@ from npurun.generate.text import Detokenizer
 from generate_models import build, genai, merged
 
 ARCHS = ["llama", "qwen2", "phi3", "gpt2"]
-GENAI = [("llama", "fp32"), ("llama", "int4"), ("qwen2", "fp32"), ("phi3", "int4")]
+GENAI = [("llama", "fp32"), ("llama", "int4"), ("qwen2", "int4"), ("phi3", "int4")]
 PROMPT = "The compiler passes run on every entry point"
 STEPS = 32
 

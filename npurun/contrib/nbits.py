@@ -144,3 +144,66 @@ ms_op("matmul_nbits", "MatMulNBits", inputs=["A", "B", "scales", "zero_points?",
       macs=lambda a, ins, outs: int(np.prod(outs[0])) * a["K"], unit="matrix",
       reference=lambda *args, **at: matmul_nbits_with(REF["matmul"], dequantize_weights, *args, **at),
       cpu_factory=_cpu)
+
+
+# ------------------------------------------------------------------ GatherBlockQuantized
+
+def gather_block_quantized(data, indices, scales, zero_points=None, *, gather_axis, quantize_axis, block_size,
+                           bits):
+    """Gather of a block-quantized table (the GenAI builder's int4 embedding when it shares the
+    lm_head's weights): `data` (int4/uint4, or uint8 holding 2 4-bit or 1 8-bit value a byte,
+    low bits first) quantized in blocks of `block_size` along `quantize_axis`, one scale (and
+    zero point) a block; out = gather(dequantize(data)) in the scales' type. Zero point when
+    none is given: 0, or 2^(bits-1) for uint8 data. Rows are dequantized after the gather, so
+    a step reads only the rows it takes."""
+    packed = data.dtype == np.uint8
+    rank = data.ndim
+    ga, qa = gather_axis % rank, quantize_axis % rank
+    q = unpack(data, bits, data.shape[-1] * (8 // bits)) if packed and bits < 8 else data.astype(np.int32)
+    idx = np.asarray(indices).astype(np.int64)
+    n = q.shape[ga]
+    idx = np.where(idx < 0, idx + n, idx)
+    if np.any((idx < 0) | (idx >= n)):
+        raise IndexError(f"an index is out of range for {n} rows")
+    zp = None
+    if zero_points is not None:
+        zp = unpack(zero_points, bits, zero_points.shape[-1] * (8 // bits)) if packed and bits < 8 \
+            else zero_points.astype(np.int32)
+    blocks = np.arange(q.shape[qa]) // block_size  # each element's block along quantize_axis
+
+    def per_element(t):  # (..., blocks along qa, ...) -> (..., q.shape[qa], ...)
+        return np.take(t, blocks, axis=qa)
+    s = per_element(np.asarray(scales)).astype(F32)
+    z = per_element(zp).astype(F32) if zp is not None else F32(1 << (bits - 1) if packed else 0)
+    if ga != qa:  # gather the rows first, with their scales and zero points
+        q, s = np.take(q, idx, axis=ga), np.take(s, idx, axis=ga)
+        z = np.take(z, idx, axis=ga) if zp is not None else z
+        return ((q.astype(F32) - z) * s).astype(scales.dtype)
+    return np.take((q.astype(F32) - z) * s, idx, axis=ga).astype(scales.dtype)
+
+
+def _gbq_rule(ins, a, node):
+    data, idx, scales = ins[0], ins[1], ins[2]
+    rank = len(data.shape)
+    if a["bits"] not in (4, 8):
+        _fail(node, f"bits={a['bits']}: expected 4 or 8")
+    bs = a["block_size"]
+    if bs < 16 or bs & (bs - 1):
+        _fail(node, f"block_size={bs}: expected a power of 2, at least 16")
+    if not -rank <= a["gather_axis"] < rank or not -rank <= a["quantize_axis"] < rank:
+        _fail(node, f"gather_axis / quantize_axis out of range for rank {rank}")
+    shape = list(data.shape)
+    if data.dtype == "u8" and a["bits"] == 4:
+        if a["quantize_axis"] % rank != rank - 1:
+            _fail(node, "packed uint8 data must be quantized along its last axis")
+        last = shape[-1]
+        shape[-1] = 2 * last if isinstance(last, int) else "?"
+    ga = a["gather_axis"] % rank
+    return [(tuple(shape[:ga]) + tuple(idx.shape) + tuple(shape[ga + 1:]), scales.dtype)]
+
+
+ms_op("gather_block_quantized", "GatherBlockQuantized", inputs=["data", "indices", "scales", "zero_points?"],
+      attrs={"gather_axis": 0, "quantize_axis": 1, "block_size": 128, "bits": 4},
+      groups={"data_movement", "quant"}, dtypes={"data": ("u8", "i4", "u4"), "indices": ("i32", "i64"),
+                                                 "scales": FLOATS},
+      shape=_gbq_rule, reference=gather_block_quantized)
