@@ -159,12 +159,25 @@ def gather_block_quantized(data, indices, scales, zero_points=None, *, gather_ax
     packed = data.dtype == np.uint8
     rank = data.ndim
     ga, qa = gather_axis % rank, quantize_axis % rank
-    q = unpack(data, bits, data.shape[-1] * (8 // bits)) if packed and bits < 8 else data.astype(np.int32)
     idx = np.asarray(indices).astype(np.int64)
-    n = q.shape[ga]
+    n = data.shape[ga]
     idx = np.where(idx < 0, idx + n, idx)
     if np.any((idx < 0) | (idx >= n)):
         raise IndexError(f"an index is out of range for {n} rows")
+    if ga == 0 and qa == rank - 1 and rank == 2:  # an embedding table: unpack only the rows taken
+        rows = data[idx.reshape(-1)]
+        q = unpack(rows, bits, rows.shape[-1] * (8 // bits)) if packed and bits < 8 else rows.astype(np.int32)
+        blocks = np.arange(q.shape[-1]) // block_size
+        s = np.asarray(scales)[idx.reshape(-1)][:, blocks].astype(F32)
+        if zero_points is not None:
+            zr = zero_points[idx.reshape(-1)]
+            zr = unpack(zr, bits, zr.shape[-1] * (8 // bits)) if packed and bits < 8 else zr.astype(np.int32)
+            z = zr[:, blocks].astype(F32)
+        else:
+            z = F32(1 << (bits - 1) if packed else 0)
+        out = ((q.astype(F32) - z) * s).astype(scales.dtype)
+        return out.reshape(idx.shape + out.shape[1:])
+    q = unpack(data, bits, data.shape[-1] * (8 // bits)) if packed and bits < 8 else data.astype(np.int32)
     zp = None
     if zero_points is not None:
         zp = unpack(zero_points, bits, zero_points.shape[-1] * (8 // bits)) if packed and bits < 8 \
