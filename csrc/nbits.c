@@ -187,25 +187,34 @@ void npr_q4_gemm_vnni(const int8_t *qa, const float *as32, const float *aa32, co
     for (long n = n0; n < n1; n++) {
         const uint8_t *bn = bp + n * T * 16;
         const float *sn = bs32 + n * T, *zn = zb32 + n * T;
-        for (long m = 0; m < M; m++) {
-            const int8_t *am = qa + m * T * SUBS;
-            const float *sm = as32 + m * T;
-            __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+        for (long m0 = 0; m0 < M; m0 += RT) {  /* up to RT rows of A per decoding of B (prefill) */
+            int rows = M - m0 < RT ? (int)(M - m0) : RT;
+            __m512 acc[RT];
+            for (int r = 0; r < RT; r++) acc[r] = _mm512_setzero_ps();
             for (long t = 0; t < T; t += 2) {
                 __m256i y = _mm256_loadu_si256((const __m256i *)(bn + t * 16));
                 __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(y, m4)),
                                                _mm256_and_si256(_mm256_srli_epi16(y, 4), m4), 1);
-                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w,
-                                                _mm512_loadu_si512((const void *)(am + t * SUBS)));
-                __m512 s = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(sm[t] * sn[t]),
-                                                _mm512_set1_ps(sm[t + 1] * sn[t + 1]));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc);
+                for (int r = 0; r < rows; r++) {
+                    long m = m0 + r;
+                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w,
+                                                    _mm512_loadu_si512((const void *)(qa + (m * T + t) * SUBS)));
+                    /* lanes 0-3 and 8-11 are sub-block t, 4-7 and 12-15 sub-block t + 1 */
+                    const float *sm = as32 + m * T;
+                    __m512 s = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(sm[t] * sn[t]),
+                                                    _mm512_set1_ps(sm[t + 1] * sn[t + 1]));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r]);
+                }
             }
-            for (long t = 0; t + 16 <= T; t += 16)
-                corr = _mm512_fmadd_ps(_mm512_loadu_ps(zn + t), _mm512_loadu_ps(aa32 + m * T + t), corr);
-            float z = _mm512_reduce_add_ps(corr);
-            for (long t = T & ~15L; t < T; t++) z += zn[t] * aa32[m * T + t];
-            c[m * N + n] = _mm512_reduce_add_ps(acc) - z + (bias ? bias[n] : 0.0f);
+            for (int r = 0; r < rows; r++) {
+                long m = m0 + r;
+                __m512 corr = _mm512_setzero_ps();
+                for (long t = 0; t + 16 <= T; t += 16)
+                    corr = _mm512_fmadd_ps(_mm512_loadu_ps(zn + t), _mm512_loadu_ps(aa32 + m * T + t), corr);
+                float z = _mm512_reduce_add_ps(corr);
+                for (long t = T & ~15L; t < T; t++) z += zn[t] * aa32[m * T + t];
+                c[m * N + n] = _mm512_reduce_add_ps(acc[r]) - z + (bias ? bias[n] : 0.0f);
+            }
         }
     }
 }

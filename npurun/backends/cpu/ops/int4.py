@@ -19,7 +19,8 @@ import numpy as np
 from .. import native
 
 SUB = 32  # weights per sub-block of the kernels
-MIN_SPLIT = 1 << 20  # weights: a smaller product runs on the calling thread
+MIN_SPLIT = 1 << 17  # weights: a smaller product runs on the calling thread (one token's product
+# streams its weights from memory: two threads pay from a few hundred kilobytes of them)
 
 
 def applies(a, bits, block_size, accuracy_level, g_idx) -> bool:
