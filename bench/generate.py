@@ -252,8 +252,8 @@ def print_table(rows: list[dict]) -> None:
             if k in pairs:
                 ratio = f"**{res[pairs[k]]['tokens_per_s'] / v['tokens_per_s']:.2f}**"
             print(f"| {r['model']} | {r['threads']} | {k} | {v['ttft_ms']:.1f} | {v['tokens_per_s']:.1f} | {ratio} |")
-    for r in rows:
-        print(f"\n{r['model']}: npurun's KV cache {r['kv_cache_mb']:.2f} MB for {PROMPT + NEW} tokens "
+    for model, mb in dict((r["model"], r["kv_cache_mb"]) for r in rows).items():
+        print(f"\n{model}: npurun's KV cache {mb:.2f} MB for {PROMPT + NEW} tokens "
               f"(rows rounded up to 256; 2 x layers x kv heads x rows x head size x 4 bytes)")
 
 
