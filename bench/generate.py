@@ -65,11 +65,7 @@ def build_llama125m() -> Path:
     print(f"llama125m: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; exporting", flush=True)
     model.save_pretrained(hf)
     export_optimum(model, root / "optimum", tokenizer_dir=hf)
-    for prec in ("int4", "fp32"):
-        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
-                        str(root / f"genai-{prec}"), "-p", prec, "-e", "cpu"], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    (root / "done").write_text("ok")
+    _genai_builds(hf, root)
     return root
 
 
@@ -90,12 +86,18 @@ def build_bundled() -> Path:
         shutil.copy(src / f, hf / f)
     _check_same(AutoModelForCausalLM.from_pretrained(hf), src / "model.onnx")
     shutil.copytree(src, root / "optimum")
-    for prec in ("int4", "fp32"):
-        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
-                        str(root / f"genai-{prec}"), "-p", prec, "-e", "cpu"], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    (root / "done").write_text("ok")
+    _genai_builds(hf, root)
     return root
+
+
+def _genai_builds(hf: Path, root: Path) -> None:
+    """onnxruntime-genai's builder on `hf`, at int4 and fp32, into root/genai-*; then root/done."""
+    for prec in ("int4", "fp32"):
+        r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o",
+                            str(root / f"genai-{prec}"), "-p", prec, "-e", "cpu"], capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"onnxruntime-genai's builder failed on {hf} ({prec}):\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    (root / "done").write_text("ok")
 
 
 def _hf_from_onnx(folder: Path):

@@ -20,27 +20,30 @@
 
 #include "par.h"
 
+/* One block of n <= bs values quantized as MLAS's CompInt8 does: scale = max|x| / 127, q =
+ * round-half-even(x * 127 / max|x|) in float32, zeros past n up to bs; returns the scale. */
+static float quant_block(const float *x, long n, long bs, int8_t *q)
+{
+    float amax = 0.0f;
+    for (long k = 0; k < n; k++) {
+        float v = fabsf(x[k]);
+        amax = v > amax ? v : amax;
+    }
+    float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (long k = 0; k < n; k++) q[k] = (int8_t)lrintf(x[k] * inv);  /* the default rounding: half to even */
+    memset(q + n, 0, (size_t)(bs - n));
+    return amax / 127.0f;
+}
+
 /* A's rows as int8 blocks (M, kb * bs, zero-padded past K) and their scales (M, kb). */
 void npr_q8_rows(const float *a, long M, long K, long bs, int8_t *aq, float *as)
 {
     long kb = (K + bs - 1) / bs;
-    for (long m = 0; m < M; m++) {
-        const float *x = a + m * K;
-        int8_t *q = aq + m * kb * bs;
+    for (long m = 0; m < M; m++)
         for (long b = 0; b < kb; b++) {
             long k0 = b * bs, n = K - k0 < bs ? K - k0 : bs;
-            float amax = 0.0f;
-            for (long k = 0; k < n; k++) {
-                float v = fabsf(x[k0 + k]);
-                amax = v > amax ? v : amax;
-            }
-            float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
-            as[m * kb + b] = amax / 127.0f;
-            for (long k = 0; k < n; k++)
-                q[k0 + k] = (int8_t)lrintf(x[k0 + k] * inv);  /* the default rounding: half to even */
-            memset(q + k0 + n, 0, (size_t)(bs - n));
+            as[m * kb + b] = quant_block(a + m * K + k0, n, bs, aq + m * kb * bs + k0);
         }
-    }
 }
 
 static inline float hsum8(__m256 v)
@@ -146,19 +149,12 @@ void npr_q4_prep_a(const float *a, long M, long K, long bs, long T, int8_t *qa, 
     long kb = (K + bs - 1) / bs, r = bs / SUBS;
     int8_t q[256];
     for (long m = 0; m < M; m++) {
-        const float *x = a + m * K;
         int8_t *dst = qa + m * T * SUBS;
         memset(dst, 0, (size_t)(T * SUBS));
         for (long t = 0; t < T; t++) as32[m * T + t] = aa32[m * T + t] = 0.0f;
         for (long b = 0; b < kb; b++) {
             long k0 = b * bs, n = K - k0 < bs ? K - k0 : bs;
-            float amax = 0.0f;
-            for (long k = 0; k < n; k++) {
-                float v = fabsf(x[k0 + k]);
-                amax = v > amax ? v : amax;
-            }
-            float inv = amax != 0.0f ? 127.0f / amax : 0.0f, s = amax / 127.0f;
-            for (long k = 0; k < bs; k++) q[k] = k < n ? (int8_t)lrintf(x[k0 + k] * inv) : 0;
+            float s = quant_block(a + m * K + k0, n, bs, q);
             for (long u = 0; u < r; u++) {
                 long t = b * r + u, pair = t / 2, odd = t % 2;
                 int8_t *p = dst + pair * 64;
