@@ -27,7 +27,9 @@ class Sampling:
         checks = [("temperature", self.temperature >= 0, "a number >= 0 (0 is greedy)"),
                   ("top_k", isinstance(self.top_k, (int, np.integer)) and self.top_k >= 0, "an integer >= 0 (0: no limit)"),
                   ("top_p", 0 < self.top_p <= 1, "a number in (0, 1]"),
-                  ("repetition_penalty", self.repetition_penalty > 0, "a number > 0 (1: none)")]
+                  ("repetition_penalty", self.repetition_penalty > 0, "a number > 0 (1: none)"),
+                  ("seed", self.seed is None or (isinstance(self.seed, (int, np.integer)) and not isinstance(self.seed, bool)
+                                                  and 0 <= self.seed < 2**128), "an integer in [0, 2^128)")]
         for name, ok, want in checks:
             if not ok:
                 raise InputError(f"{name} must be {want}, got {getattr(self, name)!r}")

@@ -34,6 +34,10 @@ class Tokenizer:
         self.vocab_size = self.tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate (JSON's "\ud800"): not text
+            raise InputError(f"the prompt is not valid Unicode text ({e.reason} at {e.start})") from None
         return self.tok.encode(text).ids
 
     def decode(self, ids) -> str:
