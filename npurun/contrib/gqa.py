@@ -56,27 +56,25 @@ def gqa_with(work, query, key=None, value=None, past_key=None, past_value=None, 
         cos, sin = np.asarray(cos_cache, work), np.asarray(sin_cache, work)
         q, k = _rope(q, cos, sin, pos, rotary_interleaved), _rope(k, cos, sin, pos, rotary_interleaved)
     cap = max(p_len, int(np.asarray(total_sequence_length).reshape(-1)[0]))
-    if _shares(past_key, past_value, cap, query.dtype):
+    shared = _shares(past_key, past_value, cap, query.dtype)
+    if shared:
         # The past buffers have room for every row's new tokens (ONNX Runtime GenAI's
         # past_present_share_buffer): the new rows are written into them and they are the
         # present; nothing else of the cache is copied (rows past a row's tokens keep what
         # they held: zeros, in a buffer a generator allocates).
         pk, pv = past_key, past_value
-        for r in range(b):
-            n_new = min(s, cap - int(start[r]))
-            pk[r, :, start[r]:start[r] + n_new] = k[r, :, :n_new]
-            pv[r, :, start[r]:start[r] + n_new] = v[r, :, :n_new]
-        present_k, present_v = pk, pv
     else:
         pk = np.zeros((b, nkv, cap, h), work)
         pv = np.zeros((b, nkv, cap, h), work)
-        for r in range(b):  # the row's past up to its new tokens, then them; zeros after
-            if past_key is not None:
+        if past_key is not None:
+            for r in range(b):  # the row's past up to its new tokens; zeros after
                 pk[r, :, :start[r]], pv[r, :, :start[r]] = past_key[r, :, :start[r]], past_value[r, :, :start[r]]
-            n_new = min(s, cap - int(start[r]))
-            pk[r, :, start[r]:start[r] + n_new] = k[r, :, :n_new]
-            pv[r, :, start[r]:start[r] + n_new] = v[r, :, :n_new]
-        present_k, present_v = pk.astype(query.dtype, copy=False), pv.astype(query.dtype, copy=False)
+    for r in range(b):  # then its new tokens
+        n_new = min(s, cap - int(start[r]))
+        pk[r, :, start[r]:start[r] + n_new] = k[r, :, :n_new]
+        pv[r, :, start[r]:start[r] + n_new] = v[r, :, :n_new]
+    present_k, present_v = (pk, pv) if shared else (pk.astype(query.dtype, copy=False),
+                                                    pv.astype(query.dtype, copy=False))
     # Keys past the longest row's tokens are never attended: the products stop there.
     t = min(cap, int(total.max()))
     kx, vx = np.asarray(pk[:, :, :t], work), np.asarray(pv[:, :, :t], work)
@@ -121,7 +119,7 @@ def _shares(past_key, past_value, cap, dtype) -> bool:
             and past_key.flags.writeable and past_value.flags.writeable)
 
 
-def _fast_ok(query, key, past_key, past_value, seqlens_k, cos_cache, position_ids, attention_bias, head_sink,
+def _fast_ok(query, key, past_key, past_value, cos_cache, position_ids, attention_bias, head_sink,
              rest, a) -> bool:
     """The case a generator's decode and prefill steps are: one sequence, packed or separate
     q/k/v in float32, a shared past buffer with room, rotary from the caches, causal, nothing
@@ -161,7 +159,7 @@ def _cpu_factory(program):
             head_sink=None, *rest, **a):
         cap = max(past_key.shape[2] if past_key is not None else 0,
                   int(np.asarray(total_sequence_length).reshape(-1)[0]))
-        if T.LIB is None or not _fast_ok(query, key, past_key, past_value, seqlens_k, cos_cache, position_ids,
+        if T.LIB is None or not _fast_ok(query, key, past_key, past_value, cos_cache, position_ids,
                                          attention_bias, head_sink, rest, a) or past_key.shape[2] < cap:
             return gqa_with(F32, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                             cos_cache, sin_cache, position_ids, attention_bias, head_sink, *rest, **a)

@@ -158,6 +158,9 @@ def gather_block_quantized(data, indices, scales, zero_points=None, *, gather_ax
     a step reads only the rows it takes."""
     packed = data.dtype == np.uint8
     rank = data.ndim
+
+    def values(x):  # the stored integers: 4-bit pairs of a uint8 unpacked, anything else as it is
+        return unpack(x, bits, x.shape[-1] * (8 // bits)) if packed and bits < 8 else x.astype(np.int32)
     ga, qa = gather_axis % rank, quantize_axis % rank
     idx = np.asarray(indices).astype(np.int64)
     n = data.shape[ga]
@@ -166,22 +169,17 @@ def gather_block_quantized(data, indices, scales, zero_points=None, *, gather_ax
         raise IndexError(f"an index is out of range for {n} rows")
     if ga == 0 and qa == rank - 1 and rank == 2:  # an embedding table: unpack only the rows taken
         rows = data[idx.reshape(-1)]
-        q = unpack(rows, bits, rows.shape[-1] * (8 // bits)) if packed and bits < 8 else rows.astype(np.int32)
+        q = values(rows)
         blocks = np.arange(q.shape[-1]) // block_size
         s = np.asarray(scales)[idx.reshape(-1)][:, blocks].astype(F32)
         if zero_points is not None:
-            zr = zero_points[idx.reshape(-1)]
-            zr = unpack(zr, bits, zr.shape[-1] * (8 // bits)) if packed and bits < 8 else zr.astype(np.int32)
-            z = zr[:, blocks].astype(F32)
+            z = values(zero_points[idx.reshape(-1)])[:, blocks].astype(F32)
         else:
             z = F32(1 << (bits - 1) if packed else 0)
         out = ((q.astype(F32) - z) * s).astype(scales.dtype)
         return out.reshape(idx.shape + out.shape[1:])
-    q = unpack(data, bits, data.shape[-1] * (8 // bits)) if packed and bits < 8 else data.astype(np.int32)
-    zp = None
-    if zero_points is not None:
-        zp = unpack(zero_points, bits, zero_points.shape[-1] * (8 // bits)) if packed and bits < 8 \
-            else zero_points.astype(np.int32)
+    q = values(data)
+    zp = None if zero_points is None else values(zero_points)
     blocks = np.arange(q.shape[qa]) // block_size  # each element's block along quantize_axis
 
     def per_element(t):  # (..., blocks along qa, ...) -> (..., q.shape[qa], ...)

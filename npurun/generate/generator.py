@@ -122,11 +122,10 @@ class Generator:
         self._prefill = self.executor.compile(self.graph)
         self._decode: dict[int, object] = {}
         self.eos = set(self.spec.eos)
-        if self.tokenizer is not None:
-            for key in ("eos_token",):
-                t = self.tokenizer.token(self.tokenizer.config.get(key))
-                if t is not None and not self.eos:
-                    self.eos.add(t)
+        if self.tokenizer is not None and not self.eos:  # no eos id in the configs: the tokenizer's eos_token
+            t = self.tokenizer.token(self.tokenizer.config.get("eos_token"))
+            if t is not None:
+                self.eos.add(t)
 
     def __repr__(self):
         return f"Generator({str(self.folder)!r}, device={self.device!r})"
@@ -296,9 +295,8 @@ class Stream:
         try:
             while len(new) < req.max_new_tokens:
                 logits = gen.step(cache, pending, priority=req.priority, timeout=self._remaining(), name=req.name)
-                now = time.perf_counter()
                 if t_prefill is None:
-                    t_prefill = now
+                    t_prefill = time.perf_counter()
                 token = sampler(logits, context)
                 if t_first is None:
                     t_first = time.perf_counter()

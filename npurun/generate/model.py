@@ -17,7 +17,6 @@ Either way a step is: ids (1, S) + the cache buffers + the number of rows alread
 """
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,4 +170,4 @@ def in_place(graph, spec: DecoderSpec):
         g.inputs.remove(spec.use_cache_branch)
         g = inline_constant_if(g)
     pairs = [(p, q) for ps, qs in zip(spec.past, spec.present) for p, q in zip(ps, qs)]
-    return functools.partial(kv_cache_in_place, pairs=pairs, length="past_length")(g)
+    return kv_cache_in_place(g, pairs=pairs, length="past_length")

@@ -12,7 +12,7 @@ exporter's own shape arithmetic still sees P rows of past), but a step no longer
 cache: the caller allocates the buffer once for the longest generation, feeds it every step
 under the past input's name, and present is a view of it (npurun/generate/generator.py).
 
-Options (functools.partial, as the generator binds them): `pairs`, the (past input, present
+Options (keywords, as the generator passes them): `pairs`, the (past input, present
 output) names; `length` the name of the new scalar input. A pair whose present is not a
 concat of its past (through single-input concats and identities, which exporters leave) on
 axis 2 is a ModelError naming it: the generator cannot keep that cache in place.

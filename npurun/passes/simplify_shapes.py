@@ -138,12 +138,6 @@ def _expand_target(x_name, x_shape, target) -> list[int] | None:
     return out
 
 
-def _refine(g: Graph) -> None:
-    """Re-infer each node's outputs (see _refine_node)."""
-    for n in g.nodes:
-        _refine_node(g, n)
-
-
 def _refine_node(g: Graph, n: Node) -> None:
     """Re-infer n's outputs; a declared `?` takes what inference now knows, and a declared
     symbol the int it now knows (the exporter's `batch_size` of an intermediate value, once
@@ -199,7 +193,6 @@ def simplify_shapes(g: Graph) -> Graph:
         _refine_node(g, n)  # (in order: what the next nodes read is as known as it gets)
         kept.append(n)
     g.nodes = kept
-    _refine(g)
     return g
 
 

@@ -217,17 +217,10 @@ class Executor:
 
     def run_sync(self, model, inputs, progress=None, *, priority: int | None = None,
                  timeout: float | None = None) -> dict[str, np.ndarray]:
-        """Run and wait. On an idle device the run happens on this thread with no Future
-        (Scheduler.run_inline); otherwise it is queued like submit's."""
+        """Run and wait (`_run_now`)."""
         if self._closed:
             raise NpurunError(f"{self!r} is closed")
-        prepared = self._prepared(model, inputs)
-        program, feeds, macs, name = prepared
-        out = self.scheduler.run_inline(program, feeds, priority=self._default_priority if priority is None else priority,
-                                        timeout=timeout, progress=progress, name=name, step_macs=macs, owner=self)
-        if out is not NOT_IDLE:
-            return out
-        return self._submit(prepared, progress=progress, priority=priority, timeout=timeout, inline=True).result()
+        return self._run_now(self._prepared(model, inputs), progress=progress, priority=priority, timeout=timeout)
 
     def run_program(self, program: Program, feeds: dict, *, priority: int | None = None,
                     timeout: float | None = None, name: str = "", step_macs: list | None = None,
@@ -235,18 +228,24 @@ class Executor:
         """Run a Program the caller compiled (`compile`) as it is: no memory plan and no lookup
         per input shapes, for runs whose shapes change every call (a generator's decode steps,
         npurun/generate: one program for every cache length). A task of the device like any
-        other run: inline on an idle device, queued behind better tasks otherwise."""
+        other run (`_run_now`)."""
         if self._closed:
             raise NpurunError(f"{self!r} is closed")
         macs = step_macs if step_macs is not None else [0] * len(program.steps)
-        name = name or _task_name(program)
-        prio = self._default_priority if priority is None else priority
-        out = self.scheduler.run_inline(program, feeds, priority=prio, timeout=timeout, name=name, step_macs=macs,
-                                        owner=self, group=group)
+        return self._run_now((program, feeds, macs, name or _task_name(program)), priority=priority,
+                             timeout=timeout, group=group)
+
+    def _run_now(self, prepared, *, progress=None, priority, timeout, group=None) -> dict[str, np.ndarray]:
+        """On an idle device the run happens on this thread with no Future
+        (Scheduler.run_inline); otherwise it is queued like submit's and waited for."""
+        program, feeds, macs, name = prepared
+        out = self.scheduler.run_inline(program, feeds, priority=self._default_priority if priority is None else priority,
+                                        timeout=timeout, progress=progress, name=name, step_macs=macs, owner=self,
+                                        group=group)
         if out is not NOT_IDLE:
             return out
-        return self._submit((program, feeds, macs, name), progress=None, priority=priority, timeout=timeout,
-                            group=group, inline=True).result()
+        return self._submit(prepared, progress=progress, priority=priority, timeout=timeout, group=group,
+                            inline=True).result()
 
     def _prepared(self, model, inputs) -> tuple:
         """(Program, feeds, step MACs, task name) for a run: for an in-memory model from a

@@ -48,10 +48,7 @@ def make_attention(program):
         scores = products(qg, k.transpose(0, 1, 3, 2))  # (B, Hkv, rows, T)
         scores *= np.float32(a["scale"])
         scores = scores.reshape(b, hq, s, t)
-        mask = attn_mask
-        if mask is not None and mask.dtype == np.bool_:
-            mask = np.where(mask, np.float32(0), np.float32(-np.inf))
-        p = T.softmax_call(program, scores, mask, 0.0)
+        p = T.softmax_call(program, scores, _additive(attn_mask), 0.0)
         if p is None:  # a mask that broadcasts some other way
             return REF["attention"](q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, **a)
         y = products(p.reshape(b, hkv, rows, t), v)  # (B, Hkv, rows, Dv)
@@ -62,15 +59,19 @@ def make_attention(program):
 ROWS_IN_C = 4  # query rows per head up to which csrc/attend.c beats the batched products
 
 
+def _additive(mask):
+    """A boolean mask (True: attend) as the float32 one the kernels add to the scores."""
+    return np.where(mask, np.float32(0), np.float32(-np.inf)) if mask is not None and mask.dtype == np.bool_ else mask
+
+
 def _rows_in_c(q, k, v, mask, scale):
     q = np.ascontiguousarray(q)
     b, hq, s, d = q.shape
     y = np.empty((b, hq, s, v.shape[3]), np.float32)
     work = np.empty(max(k.shape[2], 1), np.float32)
     ks, vs = [x // 4 for x in k.strides], [x // 4 for x in v.strides]
+    mask = _additive(mask)
     if mask is not None:
-        if mask.dtype == np.bool_:
-            mask = np.where(mask, np.float32(0), np.float32(-np.inf))
         m = np.broadcast_to(mask, (b, hq, s, k.shape[2]))
         ms = [x // 4 for x in m.strides]
         mp = m.ctypes.data  # (a broadcast view: the strides say where each row is)

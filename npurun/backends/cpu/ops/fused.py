@@ -125,20 +125,13 @@ PIECE_MIN = 1 << 20  # elements: smaller maps run in one call (under ~1 ms)
 AFFINE_S_PER_ELEMENT = 1e-9
 
 
-def _into(small, shape) -> bool:
-    """Does `small` broadcast to `shape` without growing it?"""
-    if len(small) > len(shape):
-        return False
-    return all(a in (1, b) for a, b in zip(small[::-1], shape[::-1]))
-
-
 def make_rope_half(program):
     """x * cos + concat(-x2, x1) * sin with two fewer temporaries: the same float32 products
     and sums in the same order (a + (-b) is a - b exactly), so bit-identical to the reference."""
     def rope_half(x, cos, sin):
         h = x.shape[-1] // 2
         if x.dtype != np.float32 or cos.dtype != np.float32 or sin.dtype != np.float32 \
-                or not (_into(cos.shape, x.shape) and _into(sin.shape, x.shape)) or sin.shape[-1] not in (1, 2 * h):
+                or not (native.broadcasts_to(cos.shape, x.shape) and native.broadcasts_to(sin.shape, x.shape)) or sin.shape[-1] not in (1, 2 * h):
             return REF["rope_half"](x, cos, sin)
         y = x * cos
         s1, s2 = (sin, sin) if sin.shape[-1] == 1 else (sin[..., :h], sin[..., h:])

@@ -29,7 +29,9 @@ def applies(a, bits, block_size, accuracy_level, g_idx) -> bool:
 
 
 def _nibbles(x):
-    """(N, bytes) -> (N, 2 * bytes) 4-bit values, the even one of each pair in the low nibble."""
+    """(N, bytes) -> (N, 2 * bytes) 4-bit values, the even one of each pair in the low nibble
+    (contrib/nbits.py `unpack` kept in uint8: a large model's weights as int32 would take four
+    times the memory while they are repacked)."""
     x = np.ascontiguousarray(x, np.uint8).reshape(x.shape[0], -1)
     return np.stack([x & np.uint8(0x0F), x >> np.uint8(4)], axis=-1).reshape(x.shape[0], -1)
 
