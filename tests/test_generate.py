@@ -280,6 +280,12 @@ def test_sampler_draws_from_the_truncated_distribution():
     assert Sampling().sampler()(logits, []) == 0
     assert Sampling(repetition_penalty=3.0).sampler()(logits, [0]) == 1  # 2.0 / 3 < 1.0
     assert Sampling(repetition_penalty=1e-3).sampler()(np.array([-1.0, -0.5]), [0]) == 0  # -1 * 1e-3 > -0.5
+    # a temperature near 0 is greedy in the limit, never NaN (a subnormal overflowed x / T)
+    rng = np.random.default_rng()
+    x = rng.standard_normal(500).astype(np.float32)
+    for t in (5e-324, 1e-310, 1e-30):
+        for kw in ({}, {"top_k": 3}, {"top_p": 0.5}):
+            assert Sampling(temperature=t, seed=int(rng.integers(1 << 31)), **kw).sampler()(x, []) == int(np.argmax(x))
     with pytest.raises(npurun.NpurunError, match="temperature must be"):
         Sampling(temperature=-1)
     with pytest.raises(npurun.NpurunError, match="top_p must be"):

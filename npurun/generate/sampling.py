@@ -55,12 +55,17 @@ class Sampler:
             x[seen] = np.where(s > 0, s / p.repetition_penalty, s * p.repetition_penalty)
         if p.temperature == 0:
             return int(np.argmax(x))
-        x /= p.temperature
+        # The maximum subtracted before the division: with a temperature near 0 (a subnormal)
+        # the division would otherwise overflow to inf - inf = NaN; this way the best logit
+        # stays 0 and the others go to -inf (a probability of 0), the limit the temperature
+        # approaches. Otherwise the same distribution up to rounding (softmax is shift-invariant).
+        x -= x.max()
+        with np.errstate(over="ignore"):
+            x /= p.temperature
         if p.top_k and p.top_k < x.size:
             kth = np.partition(x, -p.top_k)[-p.top_k]
             x[x < kth] = -np.inf
-        x -= x.max()
-        probs = np.exp(x)
+        probs = np.exp(x)  # (the best logit is 0: no overflow)
         probs /= probs.sum()
         if p.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")
