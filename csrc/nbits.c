@@ -129,9 +129,9 @@ void npr_q4_gemm_mt(const int8_t *aq, const float *as, const uint8_t *b, const f
 
 /* ---- AVX-512 VNNI: 64 weights per vpdpbusd (unsigned weight nibbles times signed int8 A).
  *
- * B is repacked once per node (npurun/contrib/nbits.py `vnni_pack`) into sub-blocks of 32
- * weights, 16 bytes each: byte j holds weight j in its low nibble and weight j + 16 in its high
- * one, so masking and shifting a 32-byte pair of sub-blocks gives [t0 0..15 | t1 0..15] and
+ * B is repacked once per node (npurun/backends/cpu/ops/int4.py `Int4Weights`) into
+ * sub-blocks of 32 weights, 16 bytes each: byte j holds weight j in its low nibble and weight
+ * j + 16 in its high one, so masking and shifting a 32-byte pair of sub-blocks gives [t0 0..15 | t1 0..15] and
  * [t0 16..31 | t1 16..31] with no byte shuffles; A's quantized rows are written in that order
  * (npr_q4_prep_a). Each of the 16 int32 lanes of the product then belongs to one sub-block and is
  * scaled by as * bs of its block in float; the zero points are taken out afterwards as

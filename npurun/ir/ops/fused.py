@@ -54,7 +54,8 @@ def _rope_half(node, a, ins):
     d = x.shape[-1] if x.shape else None
     if not isinstance(d, int) or d % 2:
         _fail(node, f"x's last dim must be a known even size, got {list(x.shape)}")
-    shape = broadcast(broadcast(tuple(x.shape), tuple(c.shape)) or (), tuple(s.shape))
-    if shape is None or broadcast(tuple(x.shape), tuple(c.shape)) is None:
+    xc = broadcast(tuple(x.shape), tuple(c.shape))
+    shape = None if xc is None else broadcast(xc, tuple(s.shape))
+    if shape is None:
         _fail(node, f"cos {list(c.shape)} and sin {list(s.shape)} do not broadcast to x {list(x.shape)}")
     return [(shape, x.dtype)]
