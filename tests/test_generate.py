@@ -122,10 +122,13 @@ def test_optimum_logits_match_onnxruntime_and_recompute(models, arch, rng):
     got = [gen.step(cache, prompt)] + [gen.step(cache, [t]) for t in more]
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * float(np.abs(b).max()))
-    # the same tokens in one step without a cache: the last token's logits
+    # the same tokens in one step without a cache: the last token's logits. The two sum in
+    # different orders (decode rows in csrc/attend.c, the prefill through BLAS): 60 draws per
+    # architecture measured up to 8.6e-6 of the largest logit, one CI seed 1.04e-5; a cache
+    # key row of one layer wrong is off by 1e-2 .. 2e-1.
     fresh = gen.new_cache(256)
     whole = gen.step(fresh, prompt + more)
-    np.testing.assert_allclose(got[-1], whole, rtol=0, atol=1e-5 * float(np.abs(whole).max()))
+    np.testing.assert_allclose(got[-1], whole, rtol=0, atol=5e-5 * float(np.abs(whole).max()))
 
 
 def test_legacy_merged_decoder_runs_its_cached_branch(models, tmp_path):
