@@ -10,6 +10,7 @@
  * npr_convg_*_mt splits one image over the workers of par.h. The rule: nativeconv.flat_chosen;
  * docs/cpu.md, "Small-image convs". */
 #define _POSIX_C_SOURCE 200809L  /* clock_gettime under -std=c11 */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "act.h"
@@ -18,18 +19,40 @@
 /* The calling thread's scratch buffers (slot 0: padded input or im2col panel, slot 1: a
  * tile's outputs), grown to the largest request and kept: a fresh malloc of a few 100 KB per
  * conv is an mmap whose pages fault in on every call. A thread keeps at most its largest
- * conv's need (a few MB) until it exits. */
+ * conv's need (a few MB); a pthread key's destructor frees them when the thread exits. (They
+ * were _Thread_local pointers, which C frees nothing for: the scheduler's task threads come
+ * and go, and `npurun serve` leaked ~100 KB per thread at 160x120, tests/soak's RSS growth.) */
+typedef struct { void *buf[2]; size_t cap[2]; } scratch_t;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p)
+{
+    scratch_t *s = p;
+    free(s->buf[0]);
+    free(s->buf[1]);
+    free(s);
+}
+
+static void scratch_key_make(void) { pthread_key_create(&scratch_key, scratch_free); }
+
 static void *scratch(int slot, size_t bytes)
 {
-    static _Thread_local void *buf[2];
-    static _Thread_local size_t cap[2];
-    if (bytes > cap[slot]) {
-        free(buf[slot]);
-        cap[slot] = (bytes + 4095) & ~(size_t)4095;
-        buf[slot] = aligned_alloc(64, cap[slot]);
-        if (!buf[slot]) cap[slot] = 0;
+    pthread_once(&scratch_once, scratch_key_make);
+    scratch_t *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s)) || pthread_setspecific(scratch_key, s)) {
+            free(s);
+            return NULL;
+        }
     }
-    return buf[slot];
+    if (bytes > s->cap[slot]) {
+        free(s->buf[slot]);
+        s->cap[slot] = (bytes + 4095) & ~(size_t)4095;
+        s->buf[slot] = aligned_alloc(64, s->cap[slot]);
+        if (!s->buf[slot]) s->cap[slot] = 0;
+    }
+    return s->buf[slot];
 }
 
 static inline void store_part256(float *d, __m256 v, int n)

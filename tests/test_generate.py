@@ -254,6 +254,37 @@ def test_kv_cache_is_its_theoretical_size(models):
     assert out.cache_bytes == 2 * s.layers * s.kv_heads * rows * s.head_size * 4
 
 
+@pytest.mark.parametrize("when", ["before the first step", "mid-generation"])
+def test_a_generation_that_fails_frees_its_cache_at_once(when):
+    """A generation ended by an error (here its timeout) lets go of its KV cache by reference
+    counting, even while the error (and its traceback, which holds the generation's frame) is
+    kept: `npurun serve` kept each timed-out generation's cache until the cyclic collector ran."""
+    import gc
+    import weakref
+
+    from npurun.runtime.scheduler import TaskTimeout
+    gen = npurun.Generator(device="cpu")  # the bundled storyteller
+    refs, new_cache = [], gen.new_cache
+
+    def tracked(rows):
+        c = new_cache(rows)
+        refs.append(weakref.ref(c))
+        return c
+    gen.new_cache = tracked
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        s = gen.stream(PROMPT, max_new_tokens=400, ignore_eos=True, timeout=1e-9 if when.startswith("before") else 0.02)
+        with pytest.raises(TaskTimeout) as e:
+            for _ in s:
+                pass
+        assert e.value.__traceback__ is not None and len(refs) == 1
+        assert refs[0]() is None, "the timed-out generation's KV cache is still alive"
+    finally:
+        if was:
+            gc.enable()
+
+
 def test_seeded_sampling_is_the_same_on_every_backend(models):
     folder = models["llama"][0] / "optimum"
     kw = dict(max_new_tokens=24, temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.1, seed=1234,

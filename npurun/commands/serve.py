@@ -96,9 +96,10 @@ def run(args) -> int:
         import uvicorn
     except ImportError:
         raise InputError("npurun serve needs uvicorn and starlette: pip install 'npurun[serve]'") from None
-    from ..backends.cpu.native import cap_malloc_arenas
+    from ..backends.cpu.native import cap_malloc_arenas, trim_malloc_every
     from ..serve import Settings, build
     cap_malloc_arenas(max(2, (os.cpu_count() or 2) // 2))  # before the worker threads allocate
+    trim_malloc_every(2.0)
     logging.basicConfig(level=args.log_level.upper(), format="npurun serve: %(message)s")
     for flag, v in (("--max-body-mb", args.max_body_mb), ("--max-tensor-mb", args.max_tensor_mb),
                     ("--body-timeout", args.body_timeout)):

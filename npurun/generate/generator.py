@@ -315,6 +315,10 @@ class Stream:
                 tail = detok.finish()
                 if tail:
                     yield Piece(None, tail)
+        except Exception as e:
+            from ..runtime.scheduler import drop_frames
+            drop_frames(e)  # the finished frames below (step, logits) hold the cache too
+            raise
         finally:
             end = time.perf_counter()
             first = t_first if t_first is not None else end
@@ -326,4 +330,7 @@ class Stream:
                 tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
                 prefill_ms=((t_prefill or end) - req.t0) * 1e3, decode_ms=decode_s * 1e3,
                 cache_bytes=cache.nbytes)
+            # Freed now, not with this frame: an error's traceback keeps the frame (in a cycle
+            # through the scheduler's future) until the cyclic collector runs.
+            cache = logits = None
 

@@ -94,6 +94,21 @@ class _NoFuture:
 
 
 _NO_FUTURE = _NoFuture()
+
+
+class _Resolved:
+    """What a finished task keeps of its future: whether it was cancelled. Keeping the future
+    itself made task <-> future (fut.task) a reference cycle, so the outputs the future holds
+    (a generation's KV cache: present shares its buffers) lived until the cyclic collector's
+    next full pass; `npurun serve` sat ~100 MB above its working set at rest (tests/soak)."""
+
+    __slots__ = ("_cancelled",)
+
+    def __init__(self, cancelled: bool):
+        self._cancelled = cancelled
+
+    def cancelled(self) -> bool:
+        return self._cancelled
 NOT_IDLE = object()  # run_inline's answer when the device is busy
 
 
@@ -340,7 +355,7 @@ class Scheduler:
         if self.listeners:
             self._emit("done", task)
         if error is not None:
-            _drop_frames(error)
+            drop_frames(error)
             raise error
         return result
 
@@ -538,11 +553,13 @@ class Scheduler:
             if slot is not None:
                 slot.put(t)
             else:
-                threading.Thread(target=self._task_thread, args=(t,), name=f"npurun-task-{t.id}", daemon=True).start()
+                # (in a list the thread empties: a Thread keeps its args while it lives)
+                threading.Thread(target=self._task_thread, args=([t],), name=f"npurun-task-{t.id}", daemon=True).start()
 
-    def _task_thread(self, task: Task | None):
+    def _task_thread(self, first: list[Task]):
         """A task thread: runs its task, then waits up to IDLE_S for the next one."""
         me = threading.current_thread()
+        task: Task | None = first.pop()
         while task is not None:
             me.name = f"npurun-task-{task.id}"
             self._task_main(task)
@@ -577,7 +594,7 @@ class Scheduler:
         started = self._finish(task, error)
         self._start(started)
         if error is not None:
-            _drop_frames(error)
+            drop_frames(error)
         self._resolve(task, result, error)
         del result, error
         task.finished.set()
@@ -716,6 +733,7 @@ class Scheduler:
         except InvalidStateError:
             pass  # cancelled meanwhile; the result is dropped
         self._emit("done", task)
+        task.future = _Resolved(fut.cancelled())
 
     def _cancelled(self, task: Task):
         """The future was cancelled: a waiting task that never started is dropped now."""
@@ -779,7 +797,7 @@ class Scheduler:
             self._start(started)
 
 
-def _drop_frames(error: BaseException):
+def drop_frames(error: BaseException):
     """Clear the locals of every frame in the error's tracebacks (and its causes), so the
     failed run's intermediate arrays are freed now, not when the error object dies."""
     seen = set()

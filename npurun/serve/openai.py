@@ -19,7 +19,9 @@ request, 404 for an unknown model, 503 for a model that is not ready or a timeou
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 import uuid
 
@@ -65,7 +67,7 @@ class OpenAIRoutes:
         from .app import read_body
         s = self.server
         t0 = time.perf_counter()
-        label = ""
+        label = ""  # the model's name once known: a request for no known model counts under ""
         try:
             body = await read_body(request, s.settings.max_body_bytes, s.settings.body_timeout_s)
             req = loads_json(body, "the body")
@@ -73,7 +75,6 @@ class OpenAIRoutes:
                 raise ServeError(400, "the body must be a JSON object")
             g = self.repo.generator(req.get("model"))
             label = g.name
-            s.metrics.requests.labels(label).inc()
             gen = g.generator
             prompt = _prompt(gen, req, chat)
             kw = _sampling(req, s.settings.default_timeout_s, gen.max_length if chat else 16)
@@ -85,6 +86,8 @@ class OpenAIRoutes:
         except InputError as e:
             s.metrics.failures.labels(label, "400").inc()
             return error(400, str(e))
+        finally:
+            s.metrics.requests.labels(label).inc()
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         meta = {"id": rid, "created": int(time.time()), "model": g.name}
         if req.get("stream"):
@@ -92,7 +95,7 @@ class OpenAIRoutes:
             return StreamingResponse(self._events(stream, meta, chat, include_usage, label, t0),
                                      media_type="text/event-stream", headers={"cache-control": "no-cache"})
         try:
-            await run_in_threadpool(_drain, stream)
+            await _drain(request, stream)
         except (NpurunError, ServeError) as e:
             status = _status(e)
             s.metrics.failures.labels(label, str(status)).inc()
@@ -139,14 +142,35 @@ class OpenAIRoutes:
         except (NpurunError, ServeError) as e:  # headers are sent: the error goes in the stream
             self.server.metrics.failures.labels(label, str(_status(e))).inc()
             yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error', 'code': _status(e)}})}\n\n"
+        except (asyncio.CancelledError, GeneratorExit):  # the client left mid-stream
+            self.server.metrics.failures.labels(label, "499").inc()
+            raise
         finally:
             it.close()  # a client that left stops the generation here
         yield "data: [DONE]\n\n"
 
 
-def _drain(stream):
-    for _ in stream:
-        pass
+async def _drain(request, stream) -> None:
+    """Run a generation to its end on a worker thread; a client that disconnects stops it at
+    the next token (499), as an infer request's run is cancelled (app.py)."""
+    from .app import _disconnected
+    left = threading.Event()
+    gone = asyncio.ensure_future(_disconnected(request))
+    gone.add_done_callback(lambda f: f.cancelled() or left.set())
+    try:
+        await run_in_threadpool(_drain_until, stream, left)
+    finally:
+        gone.cancel()
+    if left.is_set():
+        raise ServeError(499, "the client closed the connection before the generation ended")
+
+
+def _drain_until(stream, left: threading.Event) -> None:
+    it = iter(stream)
+    for _ in it:
+        if left.is_set():
+            it.close()
+            return
 
 
 def _status(e) -> int:

@@ -180,14 +180,52 @@ def report(figures: dict) -> str:
 def _child(module: str, n: int) -> None:
     sys.path[:0] = [str(HERE), str(HERE.parent), str(ROOT)]
     import importlib
+    module, _, fn = module.partition(":")  # "module" runs module.fuzz, "module:name" module.name
     mod = importlib.import_module(module)
-    stats = Stats(module.removeprefix("test_fuzz_"))
-    mod.fuzz(n, stats)
+    stats = Stats(fn.removeprefix("fuzz_") + " (coverage-guided)" if fn else module.removeprefix("test_fuzz_"))
+    getattr(mod, fn or "fuzz")(n, stats)
     print(MARK + json.dumps(stats.figures()), flush=True)
 
 
 if __name__ == "__main__":
     _child(sys.argv[1], int(sys.argv[2]))
+
+
+# ---------------------------------------------------------------- coverage-guided runs
+
+def atheris_available() -> bool:
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def atheris_fuzz(n: int, stats: Stats, seeds, one) -> None:
+    """Run n cases chosen by libFuzzer (through atheris): it mutates the `seeds` (bytes) and
+    keeps the inputs that reach new lines of npurun, which the caller imported inside
+    `atheris.instrument_imports`. `one(data)` is a case under the pass rule above. libFuzzer's
+    own timeout and memory limit are off (the watchdog and RLIMIT_AS above do that job, alike
+    for every target); after the nth case the figures are printed and the child exits
+    (atheris.Fuzz never returns). A case that breaks the rule raises out of the callback:
+    libFuzzer prints the input and the traceback and exits non-zero, as a failed target."""
+    import atheris
+    corpus = Path(tempfile.mkdtemp(prefix="npurun-atheris-"))
+    for i, s in enumerate(seeds):
+        (corpus / f"seed-{i:04d}").write_bytes(s)
+    max_len = min(1 << 20, 2 * max(len(s) for s in seeds))
+
+    def callback(data: bytes) -> None:
+        stats.case(one, data)
+        if stats.cases >= n:
+            print(MARK + json.dumps(stats.figures()), flush=True)
+            sys.stderr.flush()
+            os._exit(0)
+
+    seed = os.environ.get("NPURUN_FUZZ_SEED")
+    atheris.Setup([sys.argv[0], "-runs=-1", "-timeout=0", "-rss_limit_mb=0", f"-max_len={max_len}",
+                   "-print_final_stats=0", *([f"-seed={seed}"] if seed else []), str(corpus)], callback)
+    atheris.Fuzz()
 
 
 # ---------------------------------------------------------------- running what a target made

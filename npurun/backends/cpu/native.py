@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import os
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -197,3 +199,26 @@ def cap_malloc_arenas(n: int) -> bool:
         return bool(libc.mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(max(1, n))))
     except (OSError, AttributeError):
         return False
+
+
+def trim_malloc_every(seconds: float) -> bool:
+    """Give the pages glibc malloc holds free back to the system every `seconds`, from a
+    daemon thread (a long-running server calls this at start). glibc returns memory by itself
+    only from the top of a heap, so a server keeps what its busiest moment needed: under
+    tests/soak's mix (32 clients, KServe and generation requests) the server at rest held
+    160-180 MB without this and 110-112 MB with it (80 s, measured at rest four times). One
+    call walks the heaps in well under a millisecond at these sizes. False where this is not
+    glibc."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+
+    def loop():
+        while True:
+            time.sleep(seconds)
+            trim(0)
+
+    threading.Thread(target=loop, name="npurun-malloc-trim", daemon=True).start()
+    return True
