@@ -85,22 +85,12 @@ class TaskFuture(Future):
         return ok
 
 
-class _NoFuture:
-    """The future of a run_inline task: nobody holds it, so it is never cancelled."""
-
-    @staticmethod
-    def cancelled() -> bool:
-        return False
-
-
-_NO_FUTURE = _NoFuture()
-
-
 class _Resolved:
-    """What a finished task keeps of its future: whether it was cancelled. Keeping the future
-    itself made task <-> future (fut.task) a reference cycle, so the outputs the future holds
-    (a generation's KV cache: present shares its buffers) lived until the cyclic collector's
-    next full pass; `npurun serve` sat ~100 MB above its working set at rest (tests/soak)."""
+    """Stands for a future nobody waits on: a run_inline task's, and a finished task's (which
+    keeps only whether it was cancelled). Keeping the future itself made task <-> future
+    (fut.task) a reference cycle, so the outputs the future holds (a generation's KV cache:
+    present shares its buffers) lived until the cyclic collector's next full pass; `npurun
+    serve` sat ~100 MB above its working set at rest (tests/soak)."""
 
     __slots__ = ("_cancelled",)
 
@@ -109,6 +99,10 @@ class _Resolved:
 
     def cancelled(self) -> bool:
         return self._cancelled
+
+
+_NO_FUTURE = _Resolved(False)
+
 NOT_IDLE = object()  # run_inline's answer when the device is busy
 
 
