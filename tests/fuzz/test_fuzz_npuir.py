@@ -134,3 +134,14 @@ def test_nesting_within_the_limit_still_parses():
     from npurun.ir import parse
     g = parse(deep("list", 1).replace("[1] f32 DRAM0 = [1]", "[1, 1, 1] f32 DRAM0 = [[[1]]]"))
     assert g.values["c"].data.shape == (1, 1, 1)
+
+
+def test_an_attribute_of_the_wrong_type_is_a_verify_error():
+    """Found by CI's 500-case run: perm=["a", 1] (a token swap) reached transpose's shape
+    rule, which compared str with int (TypeError). Any rule's failure on its attributes is now
+    a VerifyError naming the node."""
+    from npurun.errors import VerifyError
+    from npurun.ir import parse, verify
+    g = parse('npuir 1\ngraph t\ninput x: [2, 3] f32\nop transpose @t (x: [2, 3] f32 -> y: [3, 2] f32) perm=["a", 1]\noutput y\n')
+    with pytest.raises(VerifyError, match=r"node 't' \(transpose\).*perm.*TypeError"):
+        verify(g)

@@ -151,7 +151,13 @@ def infer_node(node, values: dict) -> list[tuple]:
                 _fail(node, f"operand {i} {v.name!r} has unknown rank; {node.op} needs to know it")
     if node.op in FLOAT_ONLY and ins[0] is not None and ins[0].dtype not in FLOAT_TYPES:
         _fail(node, f"operand {node.inputs[0]!r} has dtype {ins[0].dtype}; {node.op} expects a float type")
-    return [r if len(r) == 3 else (r[0], r[1], "tensor") for r in d.infer(node, d.attrs_of(node), ins)]
+    try:
+        out = d.infer(node, d.attrs_of(node), ins)
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError, OverflowError) as e:
+        # An attribute of a type the rule did not foresee (a .npuir text can say perm=["a", 1]):
+        # named, as the importer names a node it cannot convert, never a bare traceback.
+        _fail(node, f"its attributes {node.attrs} do not fit {node.op} (internal error {type(e).__name__}: {e})")
+    return [r if len(r) == 3 else (r[0], r[1], "tensor") for r in out]
 
 
 def macs(node, in_shapes, out_shapes) -> int:
