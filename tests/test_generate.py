@@ -54,9 +54,11 @@ def _top2_gap(logits) -> float:
 
 # int4 graphs (MatMulNBits at accuracy_level 4) quantize every activation to int8: a value
 # within a float32 ulp of a rounding boundary -- where two correct float32 computations may
-# differ -- moves a logit by up to ~2% of the largest (measured: 1 step in ~60, as often for
-# the float64 reference as for the cpu backend). Their comparisons allow that much.
-INT4_SLACK = 3e-2
+# differ -- moves a logit by a few % of the largest (measured: 1 step in ~60, as often for
+# the float64 reference as for the cpu backend; up to 2% at first, then 3.3% for qwen2 on the
+# reference on 2026-12-02, where onnxruntime-genai's choice varied between runs of the same
+# model). Their comparisons allow 5%; a wrong kernel parts at once and by far more.
+INT4_SLACK = 5e-2
 
 
 def _agree(ours, want, logits_at, tie=1e-3) -> None:
