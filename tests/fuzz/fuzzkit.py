@@ -224,7 +224,9 @@ def atheris_fuzz(n: int, stats: Stats, seeds, one) -> None:
 
     seed = os.environ.get("NPURUN_FUZZ_SEED")
     atheris.Setup([sys.argv[0], "-runs=-1", "-timeout=0", "-rss_limit_mb=0", f"-max_len={max_len}",
-                   "-print_final_stats=0", *([f"-seed={seed}"] if seed else []), str(corpus)], callback)
+                   "-print_final_stats=0",
+                   f"-artifact_prefix={corpus}/",  # (the failing input: not into the working tree)
+                   *([f"-seed={seed}"] if seed else []), str(corpus)], callback)
     atheris.Fuzz()
 
 

@@ -210,7 +210,17 @@ def _found_cases():
         ("Split of a scalar",
          _one_node(helper.make_node("Split", ["x"], ["a", "b"], axis=0, num_outputs=2), [_vi("x", [])],
                    [_vi("a", None), _vi("b", None)], opset=18), "cannot split a scalar"),
+        ("a tensor attribute whose data does not fill its dims (found by the atheris target)",
+         _one_node(helper.make_node("Constant", [], ["y"], value=_bad_tensor()),
+                   [], [_vi("y", None)]), "attribute 'value' holds a tensor that cannot be read"),
     ]
+
+
+def _bad_tensor():
+    """A float tensor of dims [1] holding three values (make_tensor would refuse to build it)."""
+    t = onnx.TensorProto(name="v", data_type=onnx.TensorProto.FLOAT, dims=[1])
+    t.float_data.extend([1.0, 2.0, 3.0])
+    return t
 
 
 @pytest.mark.parametrize("what, model, words", _found_cases(), ids=[c[0] for c in _found_cases()])

@@ -186,6 +186,9 @@ def _attrs(node, where: str) -> dict:
         except UnicodeDecodeError:
             raise ModelError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}): attribute "
                              f"{a.name!r} holds a string that is not UTF-8") from None
+        except (ValueError, TypeError) as e:  # a tensor whose data does not fill its dims
+            raise ModelError(f"{where}: node {node.name or node.op_type!r} ({node.op_type}): attribute "
+                             f"{a.name!r} holds a tensor that cannot be read ({e})") from None
         out[a.name] = v
     return out
 
