@@ -1,7 +1,7 @@
 """Builds the cpu backend's optional C kernels (csrc/) during `pip install`; the rest of the
 package configuration lives in pyproject.toml.
 
-The extension is a plain shared library loaded with ctypes (npurun/backends/cpu/native.py),
+The kernels are a plain shared library loaded with ctypes (npurun/backends/cpu/native.py),
 compiled for AVX2 + FMA. It is optional: where there is no C compiler the install still
 succeeds and the cpu backend runs its NumPy kernels, with the reason shown by `npurun info`.
 """
@@ -19,4 +19,7 @@ ext = Extension(
     extra_compile_args=["-O3", "-mavx2", "-mfma", "-std=c11", "-fno-math-errno"],
     optional=True,
 )
-setup(ext_modules=[ext] if x86 else [])
+# The one Python-level helper of the bindings (csrc/py/addr.c: an array's address without
+# numpy's per-access ctypes object); portable C, so built on every platform.
+addr = Extension("npurun.backends.cpu._addr", sources=["csrc/py/addr.c"], optional=True)
+setup(ext_modules=[ext, addr] if x86 else [addr])

@@ -233,3 +233,28 @@ def test_a_quiet_inline_run_calls_no_boundary_and_is_still_accounted(rng, monkey
     sched.pause()
     assert sched.attention == [True]  # (a run started now would look at every boundary)
     sched.resume()
+
+
+def test_a_blas_loaded_after_the_first_run_is_held_too():
+    """scipy ships its own OpenBLAS; imported after a first run (so after the libraries were
+    first looked up), its threads are held to the run's count as well. In a child: which
+    libraries a process has loaded is the test."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import numpy as np
+        from threadpoolctl import ThreadpoolController
+        from npurun.backends.cpu import blas
+        blas.with_threads(1, lambda: None)  # the first run: numpy's OpenBLAS only
+        import scipy.linalg  # noqa: F401 -- a second OpenBLAS arrives
+        libs = ThreadpoolController().select(user_api="blas").lib_controllers
+        assert len(libs) >= 2, [lc.filepath for lc in libs]
+        with ThreadpoolController().limit(limits=2, user_api="blas"):
+            seen = blas.with_threads(1, lambda: sorted(lc.get_num_threads() for lc in libs))
+            after = sorted(lc.get_num_threads() for lc in libs)
+        print(seen, after)
+        assert set(seen) == {1} and set(after) == {2}, (seen, after)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr

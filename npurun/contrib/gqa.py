@@ -183,12 +183,12 @@ def _cpu_factory(program):
             sn = np.ascontiguousarray(sin_cache[p:t], F32) if rd else None
             y = np.empty((1, s, nq * h), F32)
             work = np.empty(t, F32)
-            kp = kv.ctypes.data + ko if packed else key.ctypes.data
-            vp = kv.ctypes.data + vo if packed else value.ctypes.data
-            T.LIB.npr_gqa_step(query.ctypes.data, qs, kp, vp, kvs, past_key.ctypes.data, past_value.ctypes.data,
-                               past_key.shape[2], p, s, nq, nkv, h, None if c is None else c.ctypes.data,
-                               None if sn is None else sn.ctypes.data, rd, a["rotary_interleaved"], scale,
-                               y.ctypes.data, work.ctypes.data)
+            kp = T.ptr(kv) + ko if packed else T.ptr(key)
+            vp = T.ptr(kv) + vo if packed else T.ptr(value)
+            T.LIB.npr_gqa_step(T.ptr(query), qs, kp, vp, kvs, T.ptr(past_key), T.ptr(past_value),
+                               past_key.shape[2], p, s, nq, nkv, h, T.ptr(c),
+                               T.ptr(sn), rd, a["rotary_interleaved"], scale,
+                               T.ptr(y), T.ptr(work))
             return y, past_key, past_value
         if packed:
             query, key, value = query[0, :, :nq * h], query[0, :, nq * h:(nq + nkv) * h], query[0, :, (nq + nkv) * h:]

@@ -15,9 +15,11 @@ when the first one entered come back. Runs on two threads at once that ask for d
 counts share one process-wide setting meanwhile, but never leave it changed."""
 from __future__ import annotations
 
+import sys
 import threading
 
 _LIBS: list | None = None  # (get, set) per BLAS library
+_MODULES = -1  # len(sys.modules) when _LIBS was found
 _LOCK = threading.Lock()
 _active = 0  # calls inside with_threads now, on every thread
 _base: list = []  # each library's count when the first of them entered
@@ -25,8 +27,13 @@ _now: list = []  # each library's count now (read on the first entry, then as se
 
 
 def _libs() -> list:
-    global _LIBS
-    if _LIBS is None:
+    """The BLAS libraries loaded now, found again whenever modules were imported since the
+    last look (a library arrives with an import: scipy's or torch's own OpenBLAS loaded after
+    a first run would otherwise run its products at its default thread count). Called with
+    _LOCK held; never while a call is in flight (`_now` and `_base` are per library)."""
+    global _LIBS, _MODULES
+    if _LIBS is None or (len(sys.modules) != _MODULES and _active == 0):
+        _MODULES = len(sys.modules)
         try:
             from threadpoolctl import ThreadpoolController
             _LIBS = [_get_set(c) for c in ThreadpoolController().select(user_api="blas").lib_controllers]
@@ -49,15 +56,16 @@ def _get_set(controller) -> tuple:
 def with_threads(n: int, fn):
     """fn() with every BLAS library at `n` threads, their counts restored after."""
     global _active, _base
-    libs = _libs()
+    with _LOCK:  # (_libs looks again only here, lock held, with no call in flight)
+        libs = _libs()
+        if libs:
+            if _active == 0:
+                _now[:] = _base = [get() for get, _ in libs]
+            had = list(_now)
+            _active += 1
+            _set(libs, [n] * len(libs))
     if not libs:
         return fn()
-    with _LOCK:
-        if _active == 0:
-            _now[:] = _base = [get() for get, _ in libs]
-        had = list(_now)
-        _active += 1
-        _set(libs, [n] * len(libs))
     try:
         return fn()
     finally:

@@ -168,8 +168,14 @@ def wino_fn(isa: str | None = None):
     return getattr(LIB, f"npr_wino_{isa}"), getattr(LIB, f"npr_wino_mr_{isa}")()
 
 
-def ptr(a: np.ndarray) -> int:
-    return a.ctypes.data
+# ptr(a): the address of a's first element for a ctypes call (0, NULL, for None); the
+# bindings' only way to take one. The C helper takes ~0.05 us, numpy's `a.ctypes.data` ~1.2
+# (csrc/py/addr.c says why that matters).
+try:
+    from ._addr import addr as ptr
+except ImportError:  # pragma: no cover -- setup.py builds it on every platform
+    def ptr(a: np.ndarray | None) -> int:
+        return 0 if a is None else a.ctypes.data
 
 
 def broadcasts_to(small: tuple, shape: tuple) -> bool:

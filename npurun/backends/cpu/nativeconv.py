@@ -342,7 +342,7 @@ def empty(shape) -> np.ndarray:
     vector stores from straddling two lines (worth 0-10% on ESPCN's first conv)."""
     n = math.prod(shape)
     buf = np.empty(n + 16, np.float32)
-    o = (-buf.ctypes.data % 64) // 4
+    o = (-ptr(buf) % 64) // 4
     return buf[o:o + n].reshape(shape)
 
 

@@ -74,12 +74,12 @@ def _rows_in_c(q, k, v, mask, scale):
     if mask is not None:
         m = np.broadcast_to(mask, (b, hq, s, k.shape[2]))
         ms = [x // 4 for x in m.strides]
-        mp = m.ctypes.data  # (a broadcast view: the strides say where each row is)
+        mp = T.ptr(m)  # (a broadcast view: the strides say where each row is)
     else:
         ms, mp = [0, 0, 0, 0], None
-    T.LIB.npr_attention_rows(q.ctypes.data, b, hq, s, d, k.ctypes.data, ks[0], ks[1], ks[2], v.ctypes.data,
+    T.LIB.npr_attention_rows(T.ptr(q), b, hq, s, d, T.ptr(k), ks[0], ks[1], ks[2], T.ptr(v),
                              vs[0], vs[1], vs[2], k.shape[1], k.shape[2], v.shape[3], mp, ms[0], ms[1], ms[2],
-                             ms[3], float(scale), y.ctypes.data, work.ctypes.data)
+                             ms[3], float(scale), T.ptr(y), T.ptr(work))
     return y
 
 

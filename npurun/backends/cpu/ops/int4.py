@@ -64,7 +64,7 @@ class Int4Weights:
             self.zb32 = np.zeros((N, self.T), np.float32)
             self.bs32[:, :t] = np.repeat(s, r, axis=1)
             self.zb32[:, :t] = np.repeat(s * z.astype(np.float32), r, axis=1)
-            self._bp, self._bs32, self._zb32 = self.bp.ctypes.data, self.bs32.ctypes.data, self.zb32.ctypes.data
+            self._bp, self._bs32, self._zb32 = native.ptr(self.bp), native.ptr(self.bs32), native.ptr(self.zb32)
         else:
             self.b = np.ascontiguousarray(b, np.uint8)
             self.scales = s
@@ -78,21 +78,21 @@ class Int4Weights:
         c = np.empty((M, N), np.float32)
         chunks = 1 if threads == 1 or M * N * self.K < MIN_SPLIT else threads * 4
         pb = None if bias is None else np.ascontiguousarray(bias, np.float32)
-        pbias = None if pb is None else pb.ctypes.data
+        pbias = native.ptr(pb)
         if self.vnni:
             # one scratch buffer for A's int8 rows and its two scale rows (a decode step calls
             # this ~60 times per token: allocations and pointer lookups add up)
             T = self.T
             scratch = np.empty(M * T * (SUB // 4 + 2), np.float32)
-            qa, as32, aa32 = scratch.ctypes.data, scratch.ctypes.data + M * T * SUB, \
-                scratch.ctypes.data + M * T * (SUB + 4)
-            lib.npr_q4_prep_a(x.ctypes.data, M, self.K, self.bs, T, qa, as32, aa32)
-            lib.npr_q4_gemm_vnni_mt(qa, as32, aa32, self._bp, self._bs32, self._zb32, pbias, c.ctypes.data, M, N, T,
+            qa, as32, aa32 = native.ptr(scratch), native.ptr(scratch) + M * T * SUB, \
+                native.ptr(scratch) + M * T * (SUB + 4)
+            lib.npr_q4_prep_a(native.ptr(x), M, self.K, self.bs, T, qa, as32, aa32)
+            lib.npr_q4_gemm_vnni_mt(qa, as32, aa32, self._bp, self._bs32, self._zb32, pbias, native.ptr(c), M, N, T,
                                     threads, chunks)
         else:
             qa = np.empty((M, self.kb * self.bs), np.int8)
             sa = np.empty((M, self.kb), np.float32)
-            lib.npr_q8_rows(x.ctypes.data, M, self.K, self.bs, qa.ctypes.data, sa.ctypes.data)
-            lib.npr_q4_gemm_mt(qa.ctypes.data, sa.ctypes.data, self.b.ctypes.data, self.scales.ctypes.data,
-                               self.zp.ctypes.data, pbias, c.ctypes.data, M, N, self.kb, self.bs, threads, chunks)
+            lib.npr_q8_rows(native.ptr(x), M, self.K, self.bs, native.ptr(qa), native.ptr(sa))
+            lib.npr_q4_gemm_mt(native.ptr(qa), native.ptr(sa), native.ptr(self.b), native.ptr(self.scales),
+                               native.ptr(self.zp), pbias, native.ptr(c), M, N, self.kb, self.bs, threads, chunks)
         return c.reshape(*a.shape[:-1], N)

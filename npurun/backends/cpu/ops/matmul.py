@@ -111,7 +111,7 @@ def matmul_add(program, a, b, adds=()):
             return done
         parts = 1
     if parts > 1:  # the heads on the library's spinning pool, each packed then multiplied
-        if _bmm()(native.ISA == "avx512", a2.ctypes.data, b2.ctypes.data, y.ctypes.data, units, per, K, N,
+        if _bmm()(native.ISA == "avx512", native.ptr(a2), native.ptr(b2), native.ptr(y), units, per, K, N,
                   program.threads):
             raise MemoryError("the batched matmul could not allocate its panel buffer")
         for c, full in flat:
@@ -136,7 +136,7 @@ def pack(b: np.ndarray, isa: str) -> np.ndarray:
     # (held in a name: `ascontiguousarray(b).ctypes.data` would free a transposed b's copy
     # before the call reads it)
     src = np.ascontiguousarray(b)
-    getattr(lib, f"npr_gemm_pack_{isa}")(src.ctypes.data, bp.ctypes.data, K, N)
+    getattr(lib, f"npr_gemm_pack_{isa}")(native.ptr(src), native.ptr(bp), K, N)
     return bp
 
 
@@ -236,20 +236,20 @@ def linear(program, a, b, cache: dict, adds=(), weights=True):
     y = np.empty(out_shape, np.float32)
     panels = -(-N // nr)
     parts = _parts(program, 2 * rows * K * N, panels, rows)
-    pa, py = a2.ctypes.data, y.ctypes.data
-    pbias = None if bias is None else bias.ctypes.data
-    pres = None if res is None else res.ctypes.data
+    pa, py = native.ptr(a2), native.ptr(y)
+    pbias = native.ptr(bias)
+    pres = native.ptr(res)
     mt, mt_q8 = _mt(lib)
     if cache["bq"] is not None:
         ws = np.empty((parts, K * nr), np.float32)  # one widened panel per thread
-        pq, ps = cache["bq"].ctypes.data, cache["scale"].ctypes.data
+        pq, ps = native.ptr(cache["bq"]), native.ptr(cache["scale"])
         if parts > 1:  # the panels on the library's spinning pool (csrc/gemm_mt.c)
-            mt_q8(isa == "avx512", pa, pq, ps, py, pbias, pres, rows, K, N, panels, ws.ctypes.data, K * nr,
+            mt_q8(isa == "avx512", pa, pq, ps, py, pbias, pres, rows, K, N, panels, native.ptr(ws), K * nr,
                   program.threads, parts)
         else:
-            getattr(lib, f"npr_gemm_q8_{isa}")(pa, pq, ps, py, pbias, pres, rows, K, N, 0, panels, ws.ctypes.data)
+            getattr(lib, f"npr_gemm_q8_{isa}")(pa, pq, ps, py, pbias, pres, rows, K, N, 0, panels, native.ptr(ws))
         return y
-    pb = cache["bp"].ctypes.data
+    pb = native.ptr(cache["bp"])
     if parts > 1:
         mt(isa == "avx512", pa, pb, py, pbias, pres, rows, K, N, panels, program.threads, parts)
     else:

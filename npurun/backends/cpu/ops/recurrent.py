@@ -133,8 +133,8 @@ def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout):
         if b is not None:
             proj += b[d, :4 * hid] + b[d, 4 * hid:]
         proj = np.ascontiguousarray(proj, np.float32)
-        rc = _LIB.npr_lstm_f32(proj.ctypes.data, rts[d].ctypes.data, hs[d].ctypes.data, cs[d].ctypes.data,
-                               y[0, d].ctypes.data, dirs * batch * hid, seq, batch, hid,
+        rc = _LIB.npr_lstm_f32(native.ptr(proj), native.ptr(rts[d]), native.ptr(hs[d]), native.ptr(cs[d]),
+                               native.ptr(y[0, d]), dirs * batch * hid, seq, batch, hid,
                                int(direction == "reverse" or d == 1))
         if rc:
             raise MemoryError("the LSTM kernel could not allocate its gate buffer")
@@ -226,8 +226,8 @@ def _gru_native(x, w, r, b, initial_h, hid, direction, layout, lbr):
                 rbh = np.ascontiguousarray(rb[2 * hid:], np.float32)
             proj += bias
         proj = np.ascontiguousarray(proj, np.float32)
-        rc = _LIB.npr_gru_f32(proj.ctypes.data, rts[d].ctypes.data, None if rbh is None else rbh.ctypes.data,
-                              hs[d].ctypes.data, y[0, d].ctypes.data, dirs * batch * hid, seq, batch, hid,
+        rc = _LIB.npr_gru_f32(native.ptr(proj), native.ptr(rts[d]), native.ptr(rbh),
+                              native.ptr(hs[d]), native.ptr(y[0, d]), dirs * batch * hid, seq, batch, hid,
                               int(direction == "reverse" or d == 1), int(bool(lbr)))
         if rc:
             raise MemoryError("the GRU kernel could not allocate its gate buffer")

@@ -26,8 +26,7 @@ BIG = 1 << 14  # elements; below this one thread does the whole tensor (a hand-o
 LIB = native.LIB  # (signatures: native.py)
 
 
-def _ptr(a):
-    return None if a is None else a.ctypes.data
+ptr = native.ptr
 
 
 def _parts(program, size, rows):
@@ -41,9 +40,9 @@ def _elementwise(program, x, fn, *args):
     y = np.empty_like(x)
     parts = _parts(program, x.size, x.size)
     if parts > 1:
-        getattr(LIB, fn + "_mt")(_ptr(x), _ptr(y), x.size, *args, program.threads, parts)
+        getattr(LIB, fn + "_mt")(ptr(x), ptr(y), x.size, *args, program.threads, parts)
     else:
-        getattr(LIB, fn)(_ptr(x), _ptr(y), x.size, *args)
+        getattr(LIB, fn)(ptr(x), ptr(y), x.size, *args)
     return y
 
 
@@ -103,10 +102,10 @@ def make_layer_normalization(program):
         mean, inv = np.empty(stats, np.float32), np.empty(stats, np.float32)
         parts = _parts(program, x.size, rows)
         if parts > 1:
-            LIB.npr_layernorm_mt(_ptr(x), _ptr(s), _ptr(b), _ptr(y), _ptr(mean), _ptr(inv), rows, n, epsilon,
+            LIB.npr_layernorm_mt(ptr(x), ptr(s), ptr(b), ptr(y), ptr(mean), ptr(inv), rows, n, epsilon,
                                  program.threads, parts)
         else:
-            LIB.npr_layernorm(_ptr(x), _ptr(s), _ptr(b), _ptr(y), _ptr(mean), _ptr(inv), 0, rows, n, epsilon)
+            LIB.npr_layernorm(ptr(x), ptr(s), ptr(b), ptr(y), ptr(mean), ptr(inv), 0, rows, n, epsilon)
         return y, mean, inv
     return layer_normalization
 
@@ -127,7 +126,7 @@ def rms_call(x, scale, skip=None, bias=None, epsilon=1e-6, want_sum=False):
     y = np.empty_like(x)
     s = np.empty_like(x) if want_sum else None
     inv = np.empty(x.shape[:-1] + (1,), np.float32)
-    LIB.npr_rmsnorm(_ptr(x), _ptr(sk), _ptr(bi), _ptr(sc), _ptr(y), _ptr(s), _ptr(inv), 0, rows, n, epsilon)
+    LIB.npr_rmsnorm(ptr(x), ptr(sk), ptr(bi), ptr(sc), ptr(y), ptr(s), ptr(inv), 0, rows, n, epsilon)
     return y, inv, s
 
 
@@ -178,9 +177,9 @@ def softmax_call(program, x, mask=None, nan_to=None):
     rows = x.size // n
     parts = _parts(program, x.size, rows)
     if parts > 1:
-        LIB.npr_softmax_mt(_ptr(x), _ptr(mask), _ptr(y), rows, n, div, mrows, fix, val, program.threads, parts)
+        LIB.npr_softmax_mt(ptr(x), ptr(mask), ptr(y), rows, n, div, mrows, fix, val, program.threads, parts)
     else:
-        LIB.npr_softmax(_ptr(x), _ptr(mask), _ptr(y), 0, rows, n, div, mrows, fix, val)
+        LIB.npr_softmax(ptr(x), ptr(mask), ptr(y), 0, rows, n, div, mrows, fix, val)
     return y
 
 
