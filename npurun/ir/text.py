@@ -206,6 +206,14 @@ class _Parser:
         self.i += 1
         return t
 
+    def string(self, t: _Tok) -> str:
+        """A quoted string's value (JSON's escapes); a raw control character or a bad escape
+        inside the quotes is a ParseError at the string."""
+        try:
+            return json.loads(t.text)
+        except ValueError as e:
+            self.error(f"bad string {t.text[:40]!r}: {e.msg if hasattr(e, 'msg') else e}", t)
+
     def error(self, msg: str, tok: _Tok | None = None):
         t = tok or self.peek()
         raise ParseError(msg, file=self.file, line=t.line, col=t.col)
@@ -228,7 +236,7 @@ class _Parser:
         if t.kind == "name":
             return t.text
         if t.kind == "str":
-            return json.loads(t.text)
+            return self.string(t)
         self.error(f"expected {what}, found {t.text or 'end of line'!r}", t)
 
     # --- grammar
@@ -287,7 +295,7 @@ class _Parser:
             val = self.next()
             if key.text != "weights" or val.kind != "str":
                 self.error('expected weights="FILE" after the graph name', key)
-            self.weights_file = json.loads(val.text)
+            self.weights_file = self.string(val)
 
     def p_type(self, name_tok: _Tok):
         kind = []
@@ -407,7 +415,7 @@ class _Parser:
         if t.kind == "num":
             return float(t.text) if any(c in t.text for c in ".eE") else int(t.text)
         if t.kind == "str":
-            return json.loads(t.text)
+            return self.string(t)
         if t.kind == "name" and t.text in ("inf", "nan"):
             return float(t.text)
         if t.text == "-" and self.peek().text == "inf":
@@ -500,4 +508,7 @@ def parse(text: str, *, file: str = "<text>", weights: dict | None = None) -> Gr
 
 def weights_file_of(text: str) -> str | None:
     m = re.search(r'^\s*graph\s+\S+\s+weights=("(?:[^"\\]|\\.)*")', text, re.MULTILINE)
-    return json.loads(m.group(1)) if m else None
+    try:
+        return json.loads(m.group(1)) if m else None
+    except ValueError:  # (parse() says what is wrong with the string, where)
+        return None

@@ -92,6 +92,8 @@ def verify(g: Graph, *, where: str = "", outer: frozenset = frozenset(), scope: 
                      f"{format_shape(shape)}")
         defined.update(n.outputs)
     for nm in g.outputs:
+        if not nm:  # ("" is an omitted optional operand, never a value anyone can read)
+            fail("a graph output has an empty name")
         if nm not in defined:
             fail(f"graph output {nm!r} is never produced")
     return g

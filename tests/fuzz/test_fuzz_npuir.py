@@ -145,3 +145,35 @@ def test_an_attribute_of_the_wrong_type_is_a_verify_error():
     g = parse('npuir 1\ngraph t\ninput x: [2, 3] f32\nop transpose @t (x: [2, 3] f32 -> y: [3, 2] f32) perm=["a", 1]\noutput y\n')
     with pytest.raises(VerifyError, match=r"node 't' \(transpose\).*perm.*TypeError"):
         verify(g)
+
+
+@pytest.mark.parametrize("where", ["attr", "name", "weights"])
+def test_a_string_with_a_raw_control_character_is_a_parse_error(where):
+    """Found by the 100,000-case atheris run: a quoted string holding a raw control character
+    passed the tokenizer and failed in json.loads (JSONDecodeError) — in an attribute, a
+    quoted name or the weights file alike."""
+    from npurun.errors import ParseError
+    from npurun.ir import parse
+    from npurun.ir.text import weights_file_of
+    bad = '"a\x01b"'
+    text = {"attr": f'npuir 1\ngraph t\ninput x: [2] f32\nop relu @r (x: [2] f32 -> y: [2] f32) tag={bad}\noutput y\n',
+            "name": f'npuir 1\ngraph t\ninput {bad}: [2] f32\noutput {bad}\n',
+            "weights": f'npuir 1\ngraph t weights={bad}\ninput x: [2] f32\noutput x\n'}[where]
+    assert weights_file_of(text) is None
+    with pytest.raises(ParseError, match=r"bad string .*Invalid control character"):
+        parse(text, file="f.npuir")
+
+
+def test_a_graph_output_with_an_empty_name_is_a_verify_error(tmp_path):
+    """Found by the 100,000-case atheris onnx run: a node with no outputs and a graph output
+    named "" (ONNX's name for an omitted optional operand) gave KeyError '' after the run."""
+    import onnx
+    from onnx import TensorProto, helper
+    import npurun
+    from npurun.errors import VerifyError
+    vi = lambda nm: helper.make_tensor_value_info(nm, TensorProto.FLOAT, [3, 4])  # noqa: E731
+    m = helper.make_model(helper.make_graph([helper.make_node("Hardmax", ["x"], [""])], "g", [vi("x")], [vi("")]),
+                          opset_imports=[helper.make_opsetid("", 13)])
+    onnx.save(m, tmp_path / "m.onnx")
+    with pytest.raises(VerifyError, match="a graph output has an empty name"):
+        npurun.load(tmp_path / "m.onnx")
