@@ -213,7 +213,20 @@ def _found_cases():
         ("a tensor attribute whose data does not fill its dims (found by the atheris target)",
          _one_node(helper.make_node("Constant", [], ["y"], value=_bad_tensor()),
                    [], [_vi("y", None)]), "attribute 'value' holds a tensor that cannot be read"),
+        ("a dimension name that is not UTF-8 (found by the 100,000-case atheris run)",
+         _one_node(helper.make_node("Relu", ["x"], ["y"]), [_bad_dim_param()], [_vi("y", None)]),
+         "input 'x': dimension name b'\\xc3' is not valid UTF-8"),
     ]
+
+
+def _bad_dim_param():
+    """Input x: [N] whose dim_param is the lone byte 0xC3 (not UTF-8): serialized by hand,
+    since protobuf refuses to set such a string."""
+    vi = _vi("x", ["N"])
+    raw = vi.SerializeToString().replace(b"\x12\x01N", b"\x12\x01\xc3")
+    out = onnx.ValueInfoProto()
+    out.ParseFromString(raw)
+    return out
 
 
 def _bad_tensor():

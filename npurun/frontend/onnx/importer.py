@@ -133,6 +133,8 @@ def _value_type(vi, where: str, syms: dict, top: bool = True) -> tuple | None:
                 raise ModelError(f"{where}: input {vi.name!r} has an absurd dimension {d.dim_value}")
             shape.append(int(d.dim_value))
         elif d.HasField("dim_param"):
+            if isinstance(d.dim_param, bytes):  # (protobuf's bytes for invalid UTF-8: see _check_names)
+                raise ModelError(f"{where}: input {vi.name!r}: dimension name {d.dim_param!r} is not valid UTF-8")
             shape.append(_symbol(d.dim_param, syms))
         else:
             shape.append(UNKNOWN)
