@@ -198,6 +198,20 @@ def test_native_conv_of_a_strided_view(rng):
     np.testing.assert_allclose(got, KERNELS["conv"](base, w, None, **a), rtol=1e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("auto_pad", ["NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_strided_pointwise_conv_runs_on_its_gathered_pixels(auto_pad, threads, rng):
+    """A strided 1x1 conv is the stride-1 conv of the pixels ::s (odd sizes: the last pixel
+    of a row or column taken or not; groups; a batch; a fused activation)."""
+    for (n, c, m, g, h, wd, sh, sw) in [(1, 16, 24, 1, 14, 14, 2, 2), (2, 8, 12, 4, 9, 7, 3, 2), (1, 5, 3, 1, 1, 11, 1, 3)]:
+        x, w, b = nonzero_normal(rng, (n, c, h, wd)), nonzero_normal(rng, (m, c // g, 1, 1)), nonzero_normal(rng, (m,))
+        a = _attrs({"strides": [sh, sw], "auto_pad": auto_pad, "group": g, "kernel_shape": [1, 1]})
+        got = nativeconv.conv2d(x, w, b, a, "relu", {}, threads, {})
+        want = np.maximum(KERNELS["conv"](x, w, b, **a), 0)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+
+
 def test_native_conv_without_bias(rng):
     x, w = nonzero_normal(rng, (1, 4, 10, 30)), nonzero_normal(rng, (3, 4, 3, 3))
     got = nativeconv.conv2d(x, w, None, _attrs({"pads": [1, 1, 1, 1]}), None, {}, 1, {})

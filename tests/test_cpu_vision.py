@@ -70,6 +70,10 @@ POOLS = [  # x shape, attrs
     ((1, 2, 9, 14), {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 3]}),
     ((2, 3, 8, 11), {"kernel_shape": [2, 4], "pads": [1, 0, 0, 2]}),                   # stride 1, flat passes
     ((1, 2, 7, 7), {"kernel_shape": [3, 3], "ceil_mode": 1}),
+    ((1, 6, 40, 57), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]}),  # a TF stem's
+    ((1, 3, 20, 45), {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}),
+    ((2, 2, 33, 50), {"kernel_shape": [3, 3], "strides": [3, 3], "ceil_mode": 1}),
+    ((1, 2, 5, 41), {"kernel_shape": [7, 7], "strides": [4, 4], "pads": [3, 3, 3, 3]}),  # window > image
 ]
 
 
@@ -77,11 +81,21 @@ def _pool_attrs(a):
     return {"strides": None, "pads": None, "dilations": None, "ceil_mode": 0, "auto_pad": "NOTSET", **a}
 
 
+@pytest.mark.parametrize("special", [None, np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("case", range(len(POOLS)))
-def test_max_pool_matches_reference(case, rng):
+def test_max_pool_matches_reference(case, compiled, special, rng, monkeypatch):
+    """Both the compiled kernel (csrc/pool.c) and the NumPy passes, bit for bit: NaNs
+    propagate as in the reference, infinities are values (the C kernel's fast pass notices
+    both and does the plane again)."""
     shape, a = POOLS[case]
     x = nonzero_normal(rng, shape)
-    x.reshape(-1)[rng.integers(0, x.size, 3)] = np.nan  # NaNs propagate as in the reference
+    if special is not None:
+        x.reshape(-1)[rng.integers(0, x.size, 3)] = special
+    if not compiled:
+        monkeypatch.setattr(vision.native, "LIB", None)
+    elif vision.native.LIB is None:
+        pytest.fail(f"the compiled kernels are not built here ({vision.native.REASON})")
     got = vision._max_pool(x, **_pool_attrs(a))
     want = KERNELS["max_pool"](x, **_pool_attrs(a))
     np.testing.assert_array_equal(got, want)

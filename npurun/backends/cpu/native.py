@@ -69,6 +69,8 @@ def _signatures() -> dict:
         "npr_prelu_channels": ([P, P, L, L, L, P], None),
         # resize.c: one axis of an interpolating resize (ops/vision.py)
         "npr_resize_axis": ([P, P, L, L, L, L, P, P, I], None),
+        # pool.c: max pooling over planes [p0, p1)
+        "npr_maxpool2d": ([P, P, L, L] + [I] * 10, I),
         # color.c: zoo/espcn.py's YCbCr -> RGB merge
         "npr_ycc_to_rgb": ([P, P, P, P, P, P, L], None),
         # transformer.c and gemm_mt.c: erf, GELU, LayerNorm, softmax, the packed sgemm
