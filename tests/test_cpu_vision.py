@@ -74,6 +74,7 @@ POOLS = [  # x shape, attrs
     ((1, 3, 20, 45), {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}),
     ((2, 2, 33, 50), {"kernel_shape": [3, 3], "strides": [3, 3], "ceil_mode": 1}),
     ((1, 2, 5, 41), {"kernel_shape": [7, 7], "strides": [4, 4], "pads": [3, 3, 3, 3]}),  # window > image
+    ((1, 17, 70, 70), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),  # big enough for two threads
 ]
 
 
@@ -81,10 +82,11 @@ def _pool_attrs(a):
     return {"strides": None, "pads": None, "dilations": None, "ceil_mode": 0, "auto_pad": "NOTSET", **a}
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("special", [None, np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("case", range(len(POOLS)))
-def test_max_pool_matches_reference(case, compiled, special, rng, monkeypatch):
+def test_max_pool_matches_reference(case, compiled, special, threads, rng, monkeypatch):
     """Both the compiled kernel (csrc/pool.c) and the NumPy passes, bit for bit: NaNs
     propagate as in the reference, infinities are values (the C kernel's fast pass notices
     both and does the plane again)."""
@@ -96,7 +98,7 @@ def test_max_pool_matches_reference(case, compiled, special, rng, monkeypatch):
         monkeypatch.setattr(vision.native, "LIB", None)
     elif vision.native.LIB is None:
         pytest.fail(f"the compiled kernels are not built here ({vision.native.REASON})")
-    got = vision._max_pool(x, **_pool_attrs(a))
+    got = vision._max_pool(x, **_pool_attrs(a), threads=threads)
     want = KERNELS["max_pool"](x, **_pool_attrs(a))
     np.testing.assert_array_equal(got, want)
 

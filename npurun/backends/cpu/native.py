@@ -71,6 +71,7 @@ def _signatures() -> dict:
         "npr_resize_axis": ([P, P, L, L, L, L, P, P, I], None),
         # pool.c: max pooling over planes [p0, p1)
         "npr_maxpool2d": ([P, P, L, L] + [I] * 10, I),
+        "npr_maxpool2d_mt": ([P, P, L] + [I] * 12, I),
         # color.c: zoo/espcn.py's YCbCr -> RGB merge
         "npr_ycc_to_rgb": ([P, P, P, P, P, P, L], None),
         # transformer.c and gemm_mt.c: erf, GELU, LayerNorm, softmax, the packed sgemm

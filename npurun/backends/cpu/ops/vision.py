@@ -45,10 +45,20 @@ from ...reference.kernels.shape import resize_plan
 from .. import native
 
 CACHE = 64  # nearest-resize maps kept (per shape and attributes)
+BIG = 1 << 14  # output elements; a smaller pool is not worth a second thread
 _maps: dict = {}
 
 
-def _max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
+def _max_pool_kernel(program):
+    threads = program.threads
+
+    def max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
+        return _max_pool(x, kernel_shape=kernel_shape, strides=strides, pads=pads, dilations=dilations,
+                         ceil_mode=ceil_mode, auto_pad=auto_pad, threads=threads)
+    return max_pool
+
+
+def _max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad, threads=1):
     if (x.ndim != 4 or x.dtype.kind != "f" or len(kernel_shape) != 2
             or (dilations and any(d != 1 for d in dilations))):
         return REF["max_pool"](x, kernel_shape=kernel_shape, strides=strides, pads=pads, dilations=dilations,
@@ -65,8 +75,13 @@ def _max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad)
     if native.LIB is not None and x.dtype == np.float32 and not (sh == sw == 1 and w <= 16):
         x = np.ascontiguousarray(x)
         y = np.empty((n, c, ho, wo), np.float32)
-        if native.LIB.npr_maxpool2d(native.ptr(x), native.ptr(y), 0, n * c, h, w, ho, wo, kh, kw, sh, sw,
-                                    begin[0], begin[1]):
+        if threads > 1 and y.size >= BIG and n * c > 1:  # planes in parts on the library's pool
+            rc = native.LIB.npr_maxpool2d_mt(native.ptr(x), native.ptr(y), n * c, h, w, ho, wo, kh, kw, sh, sw,
+                                             begin[0], begin[1], threads, min(n * c, 2 * threads))
+        else:
+            rc = native.LIB.npr_maxpool2d(native.ptr(x), native.ptr(y), 0, n * c, h, w, ho, wo, kh, kw, sh, sw,
+                                          begin[0], begin[1])
+        if rc:
             raise MemoryError(f"max_pool: no memory for a row buffer of {w} floats")
         return y
     if any(begin) or any(end):
@@ -236,7 +251,7 @@ def _nearest_map(x, roi, scales, sizes, a):
 
 
 KERNELS = {
-    "max_pool": lambda program: _max_pool,
+    "max_pool": _max_pool_kernel,
     "average_pool": _average_pool,
     "resize": lambda program: _resize,
 }
