@@ -275,6 +275,10 @@ class Program:
                     raise NpurunError(f"{self.graph.source}: {label} failed on inputs ({_describe(args)}): "
                                       f"{e.__class__.__name__}: {e}") from e
                 if isinstance(res, tuple):
+                    if len(res) < len(outs) and any(outs[len(res):]):
+                        # (a Loop or Scan that ran no iteration has no scan outputs to stack)
+                        raise NpurunError(f"{self.graph.source}: {label} gave {len(res)} of its {len(outs)} "
+                                          f"outputs ({', '.join(outs[len(res):])} missing)")
                     for nm, arr in zip(outs, res):
                         env[nm] = arr
                 elif outs:

@@ -245,3 +245,31 @@ def test_malformed_nodes_are_model_errors(tmp_path, what, model, words):
     with pytest.raises(ModelError) as e:
         import_model(path)
     assert words in str(e.value) and str(path) in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("device", ["cpu", "reference"])
+def test_a_scan_over_nothing_is_an_error_naming_its_node(tmp_path, device, rng):
+    """Found by `make fuzz` (10,000 cases): a Scan whose scan input is 0 long has no scan
+    outputs to stack; the run ended in KeyError for the missing output. It is an NpurunError
+    naming the node and the outputs it could not give (ONNX Runtime refuses such a model at
+    load)."""
+    from onnx import helper
+
+    import npurun
+    from conftest import nonzero_normal
+    from npurun.errors import NpurunError
+    vi = lambda nm, shape: helper.make_tensor_value_info(nm, onnx.TensorProto.FLOAT, shape)  # noqa: E731
+    body = helper.make_graph([helper.make_node("Add", ["s", "x"], ["s2"]), helper.make_node("Identity", ["s2"], ["o"])],
+                             "body", [vi("s", [2]), vi("x", [2])], [vi("s2", [2]), vi("o", [2])])
+    scan = helper.make_node("Scan", ["init", "xs"], ["final", "ys"], body=body, num_scan_inputs=1, name="sc")
+    m = helper.make_model(helper.make_graph([scan], "g", [vi("init", [2]), vi("xs", ["n", 2])],
+                                            [vi("final", [2]), vi("ys", ["n", 2])]),
+                          opset_imports=[helper.make_opsetid("", 16)])
+    onnx.save(m, tmp_path / "m.onnx")
+    g = npurun.load(tmp_path / "m.onnx")
+    exe = npurun.Executor(device, parallelism=1)
+    init = nonzero_normal(rng, (2,))
+    out = exe.run_sync(g, {"init": init, "xs": nonzero_normal(rng, (3, 2))})  # (the model is fine)
+    assert out["ys"].shape == (3, 2)
+    with pytest.raises(NpurunError, match=r"node 'sc' \(scan\) gave 1 of its 2 outputs \(ys missing\)"):
+        exe.run_sync(g, {"init": init, "xs": np.zeros((0, 2), np.float32)})
