@@ -44,6 +44,38 @@ PLAN_CACHE = 32  # plans kept per Executor (one per graph and input shapes)
 CPU_CASCADE_MB = 16
 
 
+def memory_limit() -> int:
+    """Bytes this process may allocate at most: the machine's memory, or less under an
+    address-space limit (RLIMIT_AS)."""
+    import resource
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return total if soft == resource.RLIM_INFINITY else min(total, soft)
+
+
+def refuse_oversized(graph: Graph) -> None:
+    """A value whose known shape needs more bytes than the process can have is refused
+    before anything runs: its kernel would only fail to allocate it, or first allocate others
+    as large (an average pool padded by 2^31 wanted 16 GB of window indices before its
+    720 GB output; found by `make fuzz`)."""
+    from ..ir.dtypes import to_numpy
+    from ..ir.shapes import format_shape, numel
+    limit = None
+    for v in graph.values.values():
+        n = numel(v.shape)
+        if v.is_const or n is None or n < (1 << 24):  # (16M elements: fine anywhere)
+            continue
+        try:
+            nbytes = n * to_numpy(v.dtype).itemsize
+        except Exception:  # noqa: BLE001 -- a dtype without a NumPy form: nothing to judge
+            continue
+        limit = memory_limit() if limit is None else limit
+        if nbytes > limit:
+            by = next((nd.label() for nd in graph.nodes if v.name in nd.outputs), f"input {v.name!r}")
+            raise InputError(f"{graph.source}: {by}: its output {v.name!r} ({v.dtype}{format_shape(v.shape)}) would "
+                             f"take {nbytes / 2**30:.1f} GiB; this process can have at most {limit / 2**30:.1f} GiB")
+
+
 def _task_name(program: Program) -> str:
     """The model file's stem, else the graph's name (computed once per program: a stream of
     small runs pays for `Path` on every run otherwise)."""
@@ -108,7 +140,9 @@ class Executor:
             if hit is not None and hit[0] is graph:
                 return hit[1]
         from ..passes.pipeline import prepare
-        program = self.backend.compile(prepare(graph, self.device, dict(key[1]) if key[1] else None))
+        prepared = prepare(graph, self.device, dict(key[1]) if key[1] else None)
+        refuse_oversized(prepared)
+        program = self.backend.compile(prepared)
         with self._lock:
             self._programs[key] = (graph, program)
             while len(self._programs) > PLAN_CACHE:

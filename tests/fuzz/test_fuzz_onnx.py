@@ -273,3 +273,25 @@ def test_a_scan_over_nothing_is_an_error_naming_its_node(tmp_path, device, rng):
     assert out["ys"].shape == (3, 2)
     with pytest.raises(NpurunError, match=r"node 'sc' \(scan\) gave 1 of its 2 outputs \(ys missing\)"):
         exe.run_sync(g, {"init": init, "xs": np.zeros((0, 2), np.float32)})
+
+
+@pytest.mark.parametrize("device", ["cpu", "reference"])
+def test_an_output_larger_than_memory_is_refused_before_the_run(tmp_path, device, rng):
+    """Found by `make fuzz` (10,000 cases): an AveragePool padded by 2^31 - 1 on one side has
+    an output of 2^31 columns (hundreds of GiB); its kernel first asked for 16 GiB of window
+    indices. A value whose known shape needs more than the process can have is an InputError
+    naming the node, before anything runs."""
+    from onnx import helper
+
+    import npurun
+    from conftest import nonzero_normal
+    from npurun.errors import InputError
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 28, 28])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    pool = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], pads=[0, 0, 0, 2**31 - 1], name="ap")
+    onnx.save(helper.make_model(helper.make_graph([pool], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "m.onnx")
+    with pytest.raises(InputError, match=r"node 'ap' \(average_pool\): its output 'y' \(f32\[1, 3, 26, 2147483673\]\) "
+                                         r"would take 624\.0 GiB; this process can have at most"):
+        npurun.Executor(device, parallelism=1).run_sync(npurun.load(tmp_path / "m.onnx"),
+                                                        {"x": nonzero_normal(rng, (1, 3, 28, 28))})
