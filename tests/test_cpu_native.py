@@ -326,3 +326,26 @@ def test_conv_scratch_is_freed_when_a_thread_exits():
     assert p.returncode == 0, p.stderr[-3000:]
     grown = int(p.stdout.split()[-1])
     assert grown < 1 << 20, f"60 threads that ran a conv left {grown / 1e6:.1f} MB allocated"
+
+
+@pytest.mark.parametrize("x_shape, w_shape", [((1, 0, 1, 9), (4, 0, 1, 3)), ((2, 0, 30), (5, 0, 3)),
+                                              ((1, 0, 6, 6), (3, 0, 1, 1))])
+def test_a_conv_of_no_input_channels_is_its_bias(x_shape, w_shape, rng, tmp_path):
+    """Found by `make fuzz`: a conv whose window holds no input channel (C = 0) died of SIGFPE
+    in the flat kernel (and got a MemoryError from the implicit GEMM's empty tile buffer). Its
+    output is the bias (then the activation), as the reference computes it."""
+    import onnx
+    from onnx import TensorProto, helper
+    b = nonzero_normal(rng, (w_shape[0],))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [helper.make_tensor("w", TensorProto.FLOAT, list(w_shape), []),
+                           helper.make_tensor("b", TensorProto.FLOAT, [w_shape[0]], b.tolist())])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    model, feeds = npurun.load(tmp_path / "m.onnx"), {"x": np.zeros(x_shape, np.float32)}
+    got = npurun.Executor("cpu", parallelism=1).run_sync(model, feeds)["y"]
+    want = npurun.Executor("reference", parallelism=1).run_sync(model, feeds)["y"]
+    np.testing.assert_array_equal(got, want)
+    assert got.shape[:2] == (x_shape[0], w_shape[0]) and np.array_equal(got[0, :, 0], np.broadcast_to(
+        np.maximum(b, 0).reshape(-1, *[1] * (got.ndim - 3)), got[0, :, 0].shape))

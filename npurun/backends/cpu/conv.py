@@ -35,7 +35,10 @@ EPILOGUES = {
 
 
 def fast_conv_applies(x, w, attrs) -> bool:
-    return (x.ndim == 4 and attrs["group"] == 1 and x.dtype == np.float32 and w.dtype == np.float32)
+    """Dense float32 2-D convs with something to sum (no input channels or no taps: the bias
+    alone, the reference kernel's job, as in nativeconv.applies)."""
+    return (x.ndim == 4 and attrs["group"] == 1 and x.dtype == np.float32 and w.dtype == np.float32
+            and w.ndim == 4 and 0 not in w.shape[1:])
 
 
 def conv2d(x, w, b, attrs, act=None, act_attrs=None):
