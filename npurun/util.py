@@ -30,3 +30,21 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def memory_limit() -> int:
+    """Bytes this process may allocate at most: the machine's memory, or less under an
+    address-space limit (RLIMIT_AS)."""
+    import resource
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return total if soft == resource.RLIM_INFINITY else min(total, soft)
+
+
+def check_fits(nbytes: int, what: str) -> None:
+    """An InputError when `nbytes` is more than the process can have: said before the
+    allocation, which would fail (or, with overcommit, succeed and be killed later)."""
+    if nbytes > (1 << 28) and nbytes > memory_limit():
+        from .errors import InputError
+        raise InputError(f"{what} would take {nbytes / 2**30:.1f} GiB; this process can have at most "
+                         f"{memory_limit() / 2**30:.1f} GiB")

@@ -268,6 +268,11 @@ class Program:
                     else:
                         regions = {k: (lambda xs, p=p: p.call(xs, env, progress, attention)) for k, p in subs.items()}
                         res = fn(*map(get, ins), **attrs, _regions=regions)
+                except InputError as e:
+                    if str(e).startswith(self.graph.source):
+                        raise
+                    # a kernel's own check (a size the process cannot have): named like a failure
+                    raise InputError(f"{self.graph.source}: {label}: {e}") from e
                 except NpurunError:
                     raise
                 except Exception as e:  # a kernel failure names the node, never a bare traceback

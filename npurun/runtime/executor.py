@@ -44,15 +44,6 @@ PLAN_CACHE = 32  # plans kept per Executor (one per graph and input shapes)
 CPU_CASCADE_MB = 16
 
 
-def memory_limit() -> int:
-    """Bytes this process may allocate at most: the machine's memory, or less under an
-    address-space limit (RLIMIT_AS)."""
-    import resource
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    return total if soft == resource.RLIM_INFINITY else min(total, soft)
-
-
 def refuse_oversized(graph: Graph) -> None:
     """A value whose known shape needs more bytes than the process can have is refused
     before anything runs: its kernel would only fail to allocate it, or first allocate others
@@ -60,6 +51,7 @@ def refuse_oversized(graph: Graph) -> None:
     720 GB output; found by `make fuzz`)."""
     from ..ir.dtypes import to_numpy
     from ..ir.shapes import format_shape, numel
+    from ..util import check_fits, memory_limit
     limit = None
     for v in graph.values.values():
         n = numel(v.shape)
@@ -72,8 +64,7 @@ def refuse_oversized(graph: Graph) -> None:
         limit = memory_limit() if limit is None else limit
         if nbytes > limit:
             by = next((nd.label() for nd in graph.nodes if v.name in nd.outputs), f"input {v.name!r}")
-            raise InputError(f"{graph.source}: {by}: its output {v.name!r} ({v.dtype}{format_shape(v.shape)}) would "
-                             f"take {nbytes / 2**30:.1f} GiB; this process can have at most {limit / 2**30:.1f} GiB")
+            check_fits(nbytes, f"{graph.source}: {by}: its output {v.name!r} ({v.dtype}{format_shape(v.shape)})")
 
 
 def _task_name(program: Program) -> str:

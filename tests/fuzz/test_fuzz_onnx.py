@@ -295,3 +295,25 @@ def test_an_output_larger_than_memory_is_refused_before_the_run(tmp_path, device
                                          r"would take 624\.0 GiB; this process can have at most"):
         npurun.Executor(device, parallelism=1).run_sync(npurun.load(tmp_path / "m.onnx"),
                                                         {"x": nonzero_normal(rng, (1, 3, 28, 28))})
+
+
+@pytest.mark.parametrize("device", ["cpu", "reference"])
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceSum", "ReduceL2"])
+def test_an_empty_reduction_larger_than_memory_is_refused(tmp_path, device, op):
+    """Found by `make fuzz`: a (2^31 - 1, 0, 4) input reduced over axis 1 with keepdims is
+    32 GiB of identities, its axes a run-time input (no shape to check ahead). The reduction
+    checks it before NumPy allocates: an InputError naming the node. Small ones still run."""
+    from onnx import helper
+
+    import npurun
+    from npurun.errors import InputError
+    vi = lambda nm, t, shape: helper.make_tensor_value_info(nm, t, shape)  # noqa: E731
+    g = helper.make_graph([helper.make_node(op, ["x", "axes"], ["y"], keepdims=1, name="r")], "g",
+                          [vi("x", onnx.TensorProto.FLOAT, ["a", 0, 4]), vi("axes", onnx.TensorProto.INT64, [1])],
+                          [vi("y", onnx.TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "m.onnx")
+    model, exe = npurun.load(tmp_path / "m.onnx"), npurun.Executor(device, parallelism=1)
+    assert exe.run_sync(model, {"x": np.zeros((5, 0, 4), np.float32), "axes": np.array([1])})["y"].shape == (5, 1, 4)
+    with pytest.raises(InputError, match=r"node 'r' \(reduce_\w+\): the reduction of an empty \[2147483647, 0, 4\] "
+                                         r"over axes \[1\] would take 32\.0 GiB"):
+        exe.run_sync(model, {"x": np.zeros((2**31 - 1, 0, 4), np.float32), "axes": np.array([1])})

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ....ir.dtypes import to_numpy
-from . import KERNELS, _like, kernel
+from . import KERNELS, _like, empty_reduction_fits, kernel
 
 
 def _softplus(x):
@@ -102,6 +102,7 @@ def _reducer(fn):
             ax = () if noop_with_empty_axes else tuple(range(x.ndim))
         else:
             ax = tuple(int(a) % x.ndim for a in axes.reshape(-1))
+        empty_reduction_fits(x, ax, keepdims)
         return _like(x, fn(x, ax, bool(keepdims)))
     return reduce
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ....ir.dtypes import to_numpy
-from . import KERNELS, _like, kernel
+from . import KERNELS, _like, empty_reduction_fits, kernel
 from .elementwise import activate
 
 
@@ -254,6 +254,7 @@ def _reducer(fn, identity=None):
             ax = None
         else:
             ax = tuple(int(a) for a in axes.reshape(-1))
+        empty_reduction_fits(x, ax, keepdims)
         # Reducing an empty set gives the operation's identity (-inf for max, +inf for min).
         extra = {"initial": identity(x.dtype)} if identity and x.size == 0 else {}
         return _like(x, fn(x, axis=ax, keepdims=bool(keepdims), **extra))
