@@ -349,3 +349,22 @@ def test_a_conv_of_no_input_channels_is_its_bias(x_shape, w_shape, rng, tmp_path
     np.testing.assert_array_equal(got, want)
     assert got.shape[:2] == (x_shape[0], w_shape[0]) and np.array_equal(got[0, :, 0], np.broadcast_to(
         np.maximum(b, 0).reshape(-1, *[1] * (got.ndim - 3)), got[0, :, 0].shape))
+
+
+@pytest.mark.parametrize("group", [1, 32])
+@pytest.mark.parametrize("strides, pads", [([2**31 - 1, 2**31 - 1], [1, 1, 1, 1]),
+                                           ([2**31 - 1, 1], [1, 0, 2**30, 1]),
+                                           ([1, 2**31 - 1], [0, 1, 0, 2**30])])
+def test_a_stride_or_end_padding_that_is_never_used_costs_nothing(strides, pads, group, rng):
+    """Found by `make fuzz`: a stride of 2^31 - 1 (one output row) or an end padding of 2^30
+    past the last window made the kernels lay out the padded input in stride phases: tile
+    buffers no process has (MemoryError). One output row's stride is never applied and padding
+    past the last window never read, so both are dropped; the result is the stride-1 conv's
+    first rows/columns."""
+    x, w, b = nonzero_normal(rng, (1, 32, 4, 5)), nonzero_normal(rng, (32 if group > 1 else 9, 32 // group, 3, 3)), None
+    got = nativeconv.conv2d(x, w, b, _attrs({"strides": strides, "pads": pads, "group": group}), None, {}, 1, {})
+    small = [min(p, 2) for p in pads]  # the same windows, with no more padding than they read
+    whole = KERNELS["conv"](x, w, b, **_attrs({"pads": small, "group": group, "kernel_shape": [3, 3]}))
+    want = whole[:, :, ::strides[0], ::strides[1]][:, :, :got.shape[2], :got.shape[3]]
+    assert got.shape[2:] == want.shape[2:]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ...errors import BackendError
+from ...util import check_fits
 from .. import pieces
 from ..reference.kernels.nn import _window_pads
 from . import native, winograd
@@ -92,6 +93,15 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     y = empty((n, m, ho, wo))
     if y.size == 0:  # a zero dim (ONNX allows it): nothing to compute, and the kernels divide by ho*wo
         return y
+    # Where one output row (column) is all there is, its stride is never applied, and end
+    # padding past the last window is never read: both are dropped, exactly. The kernels lay out
+    # the padded input (in stride phases): a stride or a padding of 2^31 asked them for
+    # buffers no process has (found by `make fuzz`); what is left is checked first.
+    sh, sw = (1 if ho == 1 else sh), (1 if wo == 1 else sw)
+    end = [e if e < 0 else min(e, max(0, (o - 1) * s + (k - 1) * d + 1 - size - bg))
+           for e, o, s, k, d, size, bg in zip(end, (ho, wo), (sh, sw), (kh, kw), (dh, dw), (h, wd), begin)]
+    check_fits(4 * c * (h + max(0, begin[0]) + end[0]) * (wd + max(0, begin[1]) + end[1]) * sh * sw,
+               f"the conv's padded input ({c} x {h + begin[0] + end[0]} x {wd + begin[1] + end[1]}, strides {sh}, {sw})")
     flops = 2.0 * m * cg * kh * kw * ho * wo
     geo = (kh, kw, sh, sw, dh, dw, begin[0], begin[1])
     if algo is None and group > 1 and cg >= GROUP_SPLIT_MIN and m // group >= GROUP_SPLIT_MIN:
