@@ -112,12 +112,25 @@ class CpuProgram(Program):
         return blas.with_threads(self.threads, lambda: super(CpuProgram, self).run(feeds, progress, attention))
 
 
+_NATIVE_ACTS: dict = {}  # (activation, params) -> native_activation's answer, shared (read-only)
+
+
 def native_activation(activation: str, params):
     """A conv's fused activation as the compiled epilogue takes it: (None, None) for none,
     (name, attrs) for one the C kernels apply, (False, None) for one they do not (the conv then
-    runs the reference kernel, activation included)."""
+    runs the reference kernel, activation included). Answered once per (activation, params):
+    every conv step asks (~1.8 us a call worked out, ~0.2 looked up); the attrs dict returned
+    is shared, never to be changed, and its identity lets a conv's plan cache skip comparing it."""
     if not activation:
         return None, None
+    key = (activation, tuple(params))
+    hit = _NATIVE_ACTS.get(key)
+    if hit is None:
+        hit = _NATIVE_ACTS[key] = _native_activation(activation, params)
+    return hit
+
+
+def _native_activation(activation: str, params):
     if activation == "swish":
         return ("silu", {}) if params[0] == 1.0 else (False, None)
     if activation not in native.ACTS:
