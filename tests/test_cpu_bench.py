@@ -25,3 +25,16 @@ def test_bench_prints_both_reports_and_writes_json(tmp_path, capsys):
 def test_bench_needs_a_shape_for_symbolic_inputs(capsys):
     assert main(["bench", str(zoo.path("espcn_x3.onnx")), "--vs", "none", "-t", "0"]) == 1
     assert "--shape input=" in capsys.readouterr().err
+
+
+def test_the_ops_ab_bench_runs_and_checks_its_outputs():
+    """bench/cpu_ops_ab.py compares each pair's outputs before timing them: one round of it
+    (the README's numbers come from it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, str(root / "bench" / "cpu_ops_ab.py"), "--runs", "1"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "max_pool (1, 64, 112, 112) 3x3 s2, 2T" in p.stdout and "strided 1x1 1024->2048" in p.stdout, p.stdout

@@ -36,6 +36,9 @@ WINO_SPEEDUP = 2.5
 # the stores then skip reading each line first (ESPCN's unbanded first conv, 236 MB out:
 # 99 -> 36 ms). At 1-4 MB (cascaded bands) A/B runs were inconclusive, so bands don't.
 STREAM_BYTES = 64 << 20
+# A strided 1x1 conv runs as the stride-1 conv of its gathered pixels (conv2d says why; off
+# only for bench/cpu_ops_ab.py's A/B).
+GATHER_STRIDED_1X1 = True
 
 
 def applies(x, w, attrs) -> bool:
@@ -67,7 +70,8 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     """algo: None picks by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen /
     dw_lanes_chosen; "direct", "winograd", "flat", "gemm", "smallc", "dw_lanes" (depthwise with
     the channels in the lanes; "direct" is the per-channel one) forces one (tests, benches)."""
-    if w.shape[2:] == (1, 1) and tuple(attrs["strides"] or (1, 1)) != (1, 1) and not any(attrs["pads"] or ()):
+    if GATHER_STRIDED_1X1 and w.shape[2:] == (1, 1) and tuple(attrs["strides"] or (1, 1)) != (1, 1) \
+            and not any(attrs["pads"] or ()):
         # A strided 1x1 conv reads only every s-th pixel: it is the stride-1 conv of those
         # pixels, gathered once (any auto_pad: a 1x1 window needs no padding, and ceil(H/s)
         # outputs are the pixels ::s). The stride-1 kernels then run on a dense block (ResNet

@@ -3,11 +3,12 @@ and FPN upsampling) in NumPy with the work of the reference kernels' inner loops
 `average_pool` on the compiled depthwise kernel.
 
 - **max_pool** (2-D, no dilation): float32 on the compiled kernel (csrc/pool.c: the window's
-  rows first, contiguous, then the taps along that one row), 1 thread, against the NumPy
-  passes below: a ResNet stem's 3x3 stride-2 (1, 64, 112, 112) 0.59 -> 0.21 ms, Inception's
-  (1, 64, 147, 147) 0.80 -> 0.34, 5x5 stride-1 SPPF pools at (1, 256, 20, 20) 1.4-1.6 -> 0.21
-  and (1, 128, 40, 40) 2.0 -> 0.24; (1, 256, 27, 27) 3x3 s2 ties (0.155). Stride 1 on rows
-  of <= 16 stays in NumPy. Other dtypes, or without the library, in NumPy:
+  rows first, contiguous, then the taps along that one row; planes on the pool at 2+
+  threads), against the NumPy passes below (`python bench/cpu_ops_ab.py`, 1 thread): a ResNet
+  stem's 3x3 stride-2 (1, 64, 112, 112) 0.79 -> 0.27 ms, Inception's (1, 64, 147, 147) 1.08
+  -> 0.44, (1, 192, 71, 71) 0.66 -> 0.35, SPPF's 5x5 stride 1 at (1, 128, 40, 40) 0.39 ->
+  0.31. Stride 1 on rows of <= 24 stays in NumPy at 1 thread. Other dtypes, or without the
+  library, in NumPy:
   a k x k window's max is the max over kw columns, then over
   kh rows of that, so 2*(k-1) `np.maximum` passes over the tensor instead of k*k (the
   reference's taps), each in place; -inf padding is added only where pads or ceil_mode need
@@ -70,9 +71,10 @@ def _max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad,
                                ceil_mode=ceil_mode, auto_pad=auto_pad)
     kh, kw = kernel_shape
     n, c, h, w = x.shape
-    # (stride 1 on rows of <= 16: NumPy's flattened passes below; SPPF's 5x5 on (1, 128, 10, 10):
-    # 37 us against the C kernel's 54, whose per-row loops are short there)
-    if native.LIB is not None and x.dtype == np.float32 and not (sh == sw == 1 and w <= 16):
+    # (stride 1 on rows of <= 24 at 1 thread: NumPy's flattened passes below, the C kernel's
+    # per-row loops being short there; bench/cpu_ops_ab.py: SPPF's 5x5 on (1, 256, 20, 20)
+    # 0.24 ms NumPy, 0.26 C at 1 thread, 0.20 / 0.15 at 2)
+    if native.LIB is not None and x.dtype == np.float32 and not (sh == sw == 1 and w <= 24 and threads == 1):
         x = np.ascontiguousarray(x)
         y = np.empty((n, c, ho, wo), np.float32)
         if threads > 1 and y.size >= BIG and n * c > 1:  # planes in parts on the library's pool
