@@ -73,6 +73,8 @@ class OpenAIRoutes:
             req = loads_json(body, "the body")
             if not isinstance(req, dict):
                 raise ServeError(400, "the body must be a JSON object")
+            if not isinstance(req.get("stream_options") or {}, dict):  # (a string gave a 500; found by fuzzing)
+                raise ServeError(400, "'stream_options' must be an object such as {\"include_usage\": true}")
             g = self.repo.generator(req.get("model"))
             label = g.name
             gen = g.generator
