@@ -84,8 +84,8 @@ class Int4Weights:
             # this ~60 times per token: allocations and pointer lookups add up)
             T = self.T
             scratch = np.empty(M * T * (SUB // 4 + 2), np.float32)
-            qa, as32, aa32 = native.ptr(scratch), native.ptr(scratch) + M * T * SUB, \
-                native.ptr(scratch) + M * T * (SUB + 4)
+            qa = native.ptr(scratch)
+            as32, aa32 = qa + M * T * SUB, qa + M * T * (SUB + 4)
             lib.npr_q4_prep_a(native.ptr(x), M, self.K, self.bs, T, qa, as32, aa32)
             lib.npr_q4_gemm_vnni_mt(qa, as32, aa32, self._bp, self._bs32, self._zb32, pbias, native.ptr(c), M, N, T,
                                     threads, chunks)

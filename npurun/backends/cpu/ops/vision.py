@@ -8,8 +8,7 @@ and FPN upsampling) in NumPy with the work of the reference kernels' inner loops
   stem's 3x3 stride-2 (1, 64, 112, 112) 0.79 -> 0.27 ms, Inception's (1, 64, 147, 147) 1.08
   -> 0.44, (1, 192, 71, 71) 0.66 -> 0.35, SPPF's 5x5 stride 1 at (1, 128, 40, 40) 0.39 ->
   0.31. Stride 1 on rows of <= 24 stays in NumPy at 1 thread. Other dtypes, or without the
-  library, in NumPy:
-  a k x k window's max is the max over kw columns, then over
+  library, in NumPy: a k x k window's max is the max over kw columns, then over
   kh rows of that, so 2*(k-1) `np.maximum` passes over the tensor instead of k*k (the
   reference's taps), each in place; -inf padding is added only where pads or ceil_mode need
   it. Exact (max is associative), so the result equals the reference's bit for bit, NaNs
@@ -38,6 +37,8 @@ and FPN upsampling) in NumPy with the work of the reference kernels' inner loops
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...reference.kernels import KERNELS as REF
@@ -48,15 +49,6 @@ from .. import native
 CACHE = 64  # nearest-resize maps kept (per shape and attributes)
 BIG = 1 << 14  # output elements; a smaller pool is not worth a second thread
 _maps: dict = {}
-
-
-def _max_pool_kernel(program):
-    threads = program.threads
-
-    def max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
-        return _max_pool(x, kernel_shape=kernel_shape, strides=strides, pads=pads, dilations=dilations,
-                         ceil_mode=ceil_mode, auto_pad=auto_pad, threads=threads)
-    return max_pool
 
 
 def _max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad, threads=1):
@@ -255,7 +247,7 @@ def _nearest_map(x, roi, scales, sizes, a):
 
 
 KERNELS = {
-    "max_pool": _max_pool_kernel,
+    "max_pool": lambda program: functools.partial(_max_pool, threads=program.threads),
     "average_pool": _average_pool,
     "resize": lambda program: _resize,
 }
