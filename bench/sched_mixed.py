@@ -67,6 +67,17 @@ class NpurunWhole(Npurun):
         self._pieces.CONTENDED_S = self._contended
 
 
+class NpurunNoAdmission(Npurun):
+    """npurun without admission by predicted duration (runtime/admission.py): the A/B base."""
+    name = "npurun, no admission"
+
+    def start(self):
+        self._adm, self.exe.scheduler.admission = self.exe.scheduler.admission, None
+
+    def stop(self):
+        self.exe.scheduler.admission = self._adm
+
+
 class Ort:
     """Two sessions (one per model), each with all threads, sharing the machine as two
     processes would; requests of the stream queue on one worker thread per session."""
@@ -169,7 +180,7 @@ def main():
     ap.add_argument("--period", type=float, default=0.05)
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", choices=["npurun", "onnxruntime", "npurun, nodes whole"])
+    ap.add_argument("--only", choices=["npurun", "onnxruntime", "npurun, nodes whole", "npurun, no admission"])
     args = ap.parse_args()
     from models.fetch import fetch
     hi_model, lo_model = ROOT / "npurun" / "zoo" / "espcn_x3.onnx", fetch("ppocr_det")
@@ -179,7 +190,7 @@ def main():
     print(f"# ESPCN {args.tile}x{args.tile} every {args.period * 1000:.0f} ms at priority 0 beside PP-OCRv4 det "
           f"640x640 at priority 3; {args.threads} threads, {args.duration:g} s per scenario")
     results = {}
-    for cls in (Npurun, NpurunWhole, Ort):
+    for cls in (Npurun, NpurunNoAdmission, NpurunWhole, Ort):
         if args.only and cls.name != args.only:
             continue
         rt = cls(args.threads, hi_model, lo_model)
@@ -190,7 +201,9 @@ def main():
         solo99, mix99 = pct(r["solo_hi"], 99), pct(r["mixed_hi"], 99)
         print(f"\n{cls.name}:")
         if hasattr(rt, "exe"):
-            lat = rt.exe.dev.stats()["preemption_latency"]
+            st = rt.exe.dev.stats()
+            print(f"  admission holds: {st['admission_holds']}, unit idle while held {st['admission_held_s']:.2f} s")
+            lat = st["preemption_latency"]
             if lat["count"]:
                 print(f"  preemption latency: p50 {lat['p50_s'] * 1e3:.2f} ms  p99 {lat['p99_s'] * 1e3:.2f} ms  "
                       f"max {lat['max_s'] * 1e3:.2f} ms over {lat['count']} preemptions (goal p99 <= 2 ms)")

@@ -65,6 +65,9 @@ def collector(devices):
                 ("device_macs", "MACs of finished nodes", ["device"]),
                 ("device_slices", "slices dispatched", ["device"]),
                 ("device_preemptions", "slices ended early for a higher priority", ["device"]),
+                ("device_admission_holds", "boundaries where a task waited for a periodic better stream's "
+                 "next request instead of starting a stretch predicted to overrun it", ["device"]),
+                ("device_admission_held_seconds", "unit time left idle by those holds", ["device"]),
                 ("tasks", "tasks by outcome", ["device", "outcome"])]}
             h = HistogramMetricFamily("npurun_device_preemption_latency_seconds",
                                       "from a task's arrival, every unit held and one by a lower priority, "
@@ -97,6 +100,8 @@ def collector(devices):
                 c["device_macs"].add_metric(n, s["macs_done"])
                 c["device_slices"].add_metric(n, s["slices"])
                 c["device_preemptions"].add_metric(n, s["preemptions"])
+                c["device_admission_holds"].add_metric(n, s.get("admission_holds", 0))
+                c["device_admission_held_seconds"].add_metric(n, s.get("admission_held_s", 0.0))
                 for outcome, k in s["tasks"].items():
                     if outcome != "submitted":
                         c["tasks"].add_metric([d.name, outcome], k)

@@ -31,6 +31,9 @@ Rules, evaluated at every submission, slice boundary and completion:
 - **Lanes.** A slice occupies `width` compute units at once (on cpu: all of them, since its
   kernels spread over every thread; a backend whose kernels use one unit has width 1), so
   units // width *lanes* run slices side by side.
+- **Admission by predicted duration** (runtime/admission.py): beside a periodic stream of a
+  better priority, a task does not start a node (or piece) that is predicted to run past the
+  stream's next request; it waits for the request instead, at most once per boundary.
 - **Duty cycle** (thermal governor): with duty d < 1 a lane that ran a slice of b seconds
   rests b*(1-d)/d seconds before it takes the next one, and slices end after one quantum.
   `active_units` (<= units) limits how many units (so lanes) are used at all.
@@ -50,6 +53,7 @@ from concurrent.futures import Future, InvalidStateError
 
 from ..backends import pieces
 from ..errors import NpurunError
+from .admission import Admission
 
 PRIORITIES = (0, 1, 2, 3)
 DEFAULT_PRIORITY = 2
@@ -137,6 +141,15 @@ class Task:
     preempt_from: float | None = None
     preempt_wait: float | None = None
     pieces_yielded: int = 0  # times it gave up its unit inside a node (between pieces)
+    # Admission (runtime/admission.py): the learned stretch per step of its program (None: off),
+    # where the current stretch began and the longest one of the current step so far, and
+    # until when it is held (a hold is decided once per boundary: after it, the step runs).
+    segs: list | None = None
+    seg_start: float = 0.0
+    seg_max: float = 0.0
+    hold_until: float = 0.0
+    held_since: float | None = None
+    holds: int = 0
     steps_done: int = 0
     macs_done: int = 0
     # Steps and MACs counted at boundaries that skipped the lock (see Scheduler._boundary),
@@ -173,6 +186,7 @@ class Task:
                 "run_s": run, "queue_wait_s": wait, "max_wait_s": max(self.max_wait, wait if self.state == WAITING else 0.0),
                 "slices": self.slices, "preemptions": self.preemptions,
                 "preempt_wait_s": self.preempt_wait, "pieces_yielded": self.pieces_yielded,
+                "admission_holds": self.holds,
                 "macs_per_s": self.macs_done / run if run > 0 else 0.0,
                 "age_s": (self.finished_at or now) - self.submitted_at}
 
@@ -212,7 +226,7 @@ class Scheduler:
     one task at a time."""
 
     def __init__(self, units: int, quantum: float = 0.010, aging: float = 0.200,
-                 clock=time.monotonic, name: str = "device", width: int = 1):
+                 clock=time.monotonic, name: str = "device", width: int = 1, admission: bool = True):
         if not isinstance(units, int) or units < 1:
             raise NpurunError(f"a device needs at least one compute unit, got {units!r}")
         if quantum <= 0 or aging <= 0:
@@ -257,6 +271,9 @@ class Scheduler:
         self.macs_done = 0
         self.steps_done = 0
         self.listeners: list = []  # fn(event, task) for the monitor; called outside the lock
+        self.admission = Admission() if admission else None
+        self.holds = 0
+        self.held_s = 0.0  # unit time left idle by holds: from each hold to its request (or lapse)
 
     # ------------------------------------------------------------------ public
     def submit(self, program, feeds, *, priority: int = DEFAULT_PRIORITY, timeout: float | None = None,
@@ -278,6 +295,7 @@ class Scheduler:
             self.counts["submitted"] += 1
             self.live[task.id] = task
             self._join_group(task.group)
+            self._arrived(task, now)
             self._enqueue(task, now)
             started = self._dispatch(now)
             self._ensure_watchdog()
@@ -315,9 +333,10 @@ class Scheduler:
             self.counts["submitted"] += 1
             self.live[task.id] = task
             self._join_group(task.group)
+            self._arrived(task, now)
             # What _dispatch does for the one task it would pick: lane 0, at its own level.
             task.state, task.lane, task.level, task.started = RUNNING, 0, priority, True
-            task.slice_start = task.step_start = task.ready_since = now
+            task.slice_start = task.step_start = task.seg_start = task.ready_since = now
             task.seq = next(self._seq)
             task.slices = 1
             self.slices += 1
@@ -357,11 +376,14 @@ class Scheduler:
         now = self.clock()
         steps = len(program.steps)
         name = name or getattr(program.graph, "name", "task")
-        return Task(next(self._ids), name, priority, program, feeds, self, fut,
+        task = Task(next(self._ids), name, priority, program, feeds, self, fut,
                     deadline=None if timeout is None else now + timeout, timeout=timeout,
                     user_progress=progress, step_macs=step_macs if step_macs is not None else [0] * steps,
                     trace=[] if profile else None, owner=owner, group=group or name, submitted_at=now,
                     steps_total=steps)
+        if self.admission is not None:
+            task.segs = self.admission.segments(program, steps)
+        return task
 
     def pause(self):
         """Start no new slice until `resume()` (running slices finish their current node)."""
@@ -409,7 +431,8 @@ class Scheduler:
                     "uptime_s": now - self.created, "lane_busy_s": busy,
                     "running": len(self._running), "waiting": len(self._waiting),
                     "tasks": dict(self.counts), "slices": self.slices, "preemptions": self.preemptions,
-                    "preemption_latency": self.preempt_latency.summary(),
+                    "preemption_latency": self.preempt_latency.summary(), "admission_holds": self.holds,
+                    "admission_held_s": self.held_s,
                     "macs_done": self.macs_done, "steps_done": self.steps_done}
 
     def wait_bound(self, priority: int, ahead: int = 0, longest_node: float = 0.0) -> float:
@@ -462,7 +485,14 @@ class Scheduler:
             free = [ln for ln in range(self.active_lanes) if ln not in self._running and self._rest_until[ln] <= now]
             if not free:
                 break
-            best = min(self._waiting, key=lambda t: self._order(t, now))
+            ready = [t for t in self._waiting if t.hold_until <= now]
+            if not ready:
+                break
+            for t in ready:
+                if t.held_since is not None:  # the hold lapsed: no request came
+                    self.held_s += t.hold_until - t.held_since
+                    t.held_since, t.hold_until = None, 0.0
+            best = min(ready, key=lambda t: self._order(t, now))
             level = self._eff(best, now)
             top = self._best_running_level()
             if top is not None and level > top:
@@ -472,7 +502,7 @@ class Scheduler:
             best.queue_wait += wait
             best.max_wait = max(best.max_wait, wait)
             best.state, best.lane, best.level = RUNNING, free[0], level
-            best.slice_start = best.step_start = now
+            best.slice_start = best.step_start = best.seg_start = now
             if best.preempt_from is not None:
                 best.preempt_wait = now - best.preempt_from
                 best.preempt_from = None
@@ -605,6 +635,14 @@ class Scheduler:
             task.user_progress(step, task.steps_total, label)
         m = task.step_macs[step - 1] if step - 1 < len(task.step_macs) else 0
         now = self.clock()
+        adm = self.admission
+        admitting = adm is not None and now < adm.active_until
+        if admitting and task.segs is not None:
+            # learn this step's longest stretch (not after boundaries an inline run skipped)
+            seg = max(task.seg_max, now - task.seg_start)
+            if task.steps_done == step - 1 and step - 1 < len(task.segs):
+                adm.learn(task.segs, step - 1, seg)
+            task.seg_max, task.seg_start = 0.0, now
         # Fast path: with this task alone on the device, nobody waiting, no deadline, trace or
         # duty cycle, no decision can change at this boundary, so a model of many short steps
         # (YOLOv8n: 209 of ~0.1 ms) pays no lock per step. The lock is still taken at least
@@ -612,7 +650,7 @@ class Scheduler:
         # queue are hints: a task that arrives meanwhile is seen at the next locked boundary.)
         if (step != task.steps_total and not self._waiting and len(self._running) <= 1
                 and task.deadline is None and task.trace is None and self.duty >= 1.0
-                and now - task.synced_at < SYNC_S):
+                and now - task.synced_at < SYNC_S and not admitting):
             task.macs_done += m
             task.steps_done = step
             task.unsynced_macs += m
@@ -632,7 +670,7 @@ class Scheduler:
                 raise err  # _finish releases the unit
             if step == task.steps_total:
                 return
-            why = self._should_yield(task, now)
+            why = self._should_yield(task, now) or self._admit(task, now, step)
             started = self._give_up(task, why, now) if why else []
         self._start(started)
         if not why:
@@ -644,19 +682,56 @@ class Scheduler:
         """A preemption point between two pieces of a node (backends/pieces.py): stop, or
         give the unit to a better task (or an equal one whose turn it is), as at a node
         boundary; the node's remaining pieces run when the task gets a unit back."""
-        if not self._waiting and task.deadline is None and not task.future.cancelled():
+        adm = self.admission
+        admitting = False
+        if adm is not None:
+            now = self.clock()
+            admitting = now < adm.active_until
+            if admitting:
+                task.seg_max = max(task.seg_max, now - task.seg_start)
+                task.seg_start = now
+        if not self._waiting and task.deadline is None and not task.future.cancelled() and not admitting:
             return  # (unlocked hints: nobody to give the unit to, nothing to stop)
         with self._cv:
             now = self.clock()
             err = self._check_stop(task, now)
             if err is not None:
                 raise err
-            why = self._should_yield(task, now)
+            why = self._should_yield(task, now) or self._admit(task, now, task.steps_done)
             started = self._give_up(task, why, now) if why else []
         self._start(started)
         if why:
             task.pieces_yielded += 1
             self._wait_turn(task)
+
+    def _arrived(self, task: Task, now: float):
+        """A request arrived (lock held): its group's period is learned, and tasks of a worse
+        level held for it (admission) may be served again once it is done."""
+        if self.admission is None:
+            return
+        self.admission.arrived(task.group, task.priority, now)
+        for t in self._waiting:
+            if t.hold_until and t.level > task.priority:
+                self.held_s += now - t.held_since
+                t.held_since, t.hold_until = None, 0.0
+        if now < self.admission.active_until:
+            self.attention[0] = True  # an inline run calls its boundaries from now on
+
+    def _admit(self, task: Task, now: float, step: int) -> str | None:
+        """'held' when the stretch `task` is about to run (of step index `step`) is predicted
+        to end after a periodic better-priority stream's next request (runtime/admission.py);
+        the task then waits for that request (or for the hold to lapse). Lock held."""
+        adm = self.admission
+        if adm is None or task.segs is None or now >= adm.active_until or step >= len(task.segs):
+            return None
+        live = {t.group for t in self.live.values() if t is not task}
+        until = adm.hold_until(task.level, now, task.segs[step], live)
+        if until is None:
+            return None
+        task.hold_until, task.held_since = until, now
+        task.holds += 1
+        self.holds += 1
+        return "held"
 
     def _contended(self) -> bool:
         """Whether kernels should run long nodes in pieces: another task was live lately."""
@@ -688,7 +763,7 @@ class Scheduler:
                 wait = None if task.deadline is None else max(0.0, task.deadline - now)
                 self._cv.wait(timeout=wait if wait is not None else 1.0)
             task.wake = False
-            task.step_start = self.clock()
+            task.step_start = task.seg_start = self.clock()
 
     def _finish(self, task: Task, error) -> list[Task]:
         with self._cv:
@@ -710,7 +785,8 @@ class Scheduler:
             del self.recent[:-64]
             started = self._dispatch(now)
             if not self._waiting and not self._running and not self._paused and self.duty >= 1.0 \
-                    and self.active_lanes == self.lanes:
+                    and self.active_lanes == self.lanes \
+                    and (self.admission is None or now >= self.admission.active_until):
                 self.attention[0] = False
             self._cv.notify_all()
         return started
@@ -773,6 +849,7 @@ class Scheduler:
                 started = self._dispatch(now)
                 wakes = [t.deadline for t in self._waiting if t.deadline is not None]
                 wakes += [r for r in self._rest_until if r > now]
+                wakes += [t.hold_until for t in self._waiting if t.hold_until > now]
                 if not self._waiting and not self._running and not expired and not started:
                     # Linger a while: a stream of short runs would start one watchdog per run.
                     idle_since = idle_since if idle_since is not None else time.monotonic()

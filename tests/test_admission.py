@@ -1,0 +1,159 @@
+"""Admission by predicted duration (issue L item 2, runtime/admission.py): a background task does
+not start a node predicted to run past a periodic better-priority stream's next request. The
+scheduler runs on a fake clock that the nodes advance; assertions are about order, holds and
+counters, never about wall-clock time."""
+import time
+
+import pytest
+
+from npurun.runtime.admission import GRACE, MARGIN, Admission
+from npurun.runtime.scheduler import Scheduler
+
+from test_scheduler import X, Chain, FakeClock
+
+
+def periodic(adm, group="cam", priority=0, period=0.05, n=5, t0=0.0):
+    for k in range(n):
+        adm.arrived(group, priority, t0 + k * period)
+    return t0 + (n - 1) * period
+
+
+def test_a_regular_stream_predicts_its_next_request():
+    adm = Admission()
+    last = periodic(adm)
+    s = adm.streams["cam"]
+    assert s.period == pytest.approx(0.05) and s.next_at == pytest.approx(last + 0.05)
+    due = last + 0.05
+    # a 4 ms stretch starting 1 ms before the request is held until the grace runs out
+    assert adm.hold_until(3, due - 0.001, 0.004, set()) == pytest.approx(due + GRACE * 0.05)
+    # one that ends before it, with the margin, is admitted
+    assert adm.hold_until(3, due - 0.010, 0.004, set()) is None
+    assert adm.hold_until(3, due - 0.004 * MARGIN - 0.0001, 0.004, set()) is not None
+    # never for an equal or better level, a stretch not yet learned, a request already live,
+    # or once the request is overdue beyond the grace
+    assert adm.hold_until(0, due - 0.001, 0.004, set()) is None
+    assert adm.hold_until(3, due - 0.001, 0.0, set()) is None
+    assert adm.hold_until(3, due - 0.001, 0.004, {"cam"}) is None
+    assert adm.hold_until(3, due + GRACE * 0.05 + 1e-6, 0.004, set()) is None
+
+
+def test_irregular_or_too_few_arrivals_are_not_a_stream():
+    adm = Admission()
+    periodic(adm, n=4)
+    assert not adm.streams["cam"].period and adm.hold_until(3, 0.149, 0.004, set()) is None
+    adm2 = Admission()
+    for t in (0.0, 0.05, 0.10, 0.19, 0.24):  # one interval 80% long
+        adm2.arrived("cam", 0, t)
+    assert not adm2.streams["cam"].period
+    # a late request makes the stream irregular until it is regular again
+    last = periodic(adm)
+    assert adm.streams["cam"].period
+    adm.arrived("cam", 0, last + 0.2)
+    assert not adm.streams["cam"].period
+
+
+def test_learned_stretches_follow_the_steps_and_resist_outliers():
+    segs = [0.0]
+    Admission.learn(segs, 0, 0.004)
+    assert segs[0] == 0.004  # the first observation is taken as it is
+    Admission.learn(segs, 0, 0.040)  # a 10x outlier (a descheduled thread) moves it <= 30%
+    assert 0.004 < segs[0] <= 0.004 * 1.3 + 1e-12
+    for _ in range(30):
+        Admission.learn(segs, 0, 0.002)
+    assert segs[0] == pytest.approx(0.002, rel=0.01)
+
+
+class Uneven(Chain):
+    """A Chain whose node i advances the clock by dts[i]."""
+
+    def __init__(self, name, dts, log, clock):
+        self.dts = dts
+        super().__init__(name, len(dts), log, clock)
+
+    def kernel(self, x):
+        self.dt = self.dts[self.calls % len(self.dts)]
+        return super().kernel(x)
+
+
+def _stream_of(s, clock, log, period=10.0, n=5):
+    """n requests of a 1-node priority-0 task, `period` fake seconds apart."""
+    for k in range(n):
+        clock.t = k * period
+        s.submit(Chain("cam", 1, log, clock, dt=0.5).program, X, priority=0, name="cam").result(timeout=10)
+    return (n - 1) * period + period  # the next request's due time
+
+
+def _wait_for(pred, what):
+    end = time.monotonic() + 10
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("request_comes", [True, False])
+def test_a_background_node_that_would_overrun_the_next_request_waits_for_it(request_comes):
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    due = _stream_of(s, clock, log)                       # requests at 0, 10, .., 40: next at 50
+    bg = Uneven("bg", [1.0, 6.0, 1.0], log, clock)       # node 1 is long
+    # A first run learns the node times (starts at 40.5: ends at 48.5, before the request).
+    clock.t = 40.5
+    s.submit(bg.program, X, priority=3, name="bg").result(timeout=10)
+    assert s.stats()["admission_holds"] == 0
+    clock.t = due                                          # the request of 50 comes on time
+    s.submit(Chain("cam", 1, log, clock, dt=0.5).program, X, priority=0, name="cam").result(timeout=10)
+    due += 10.0                                            # next at 60
+    # Second run from 53: node 0 ends at 54; node 1 (6 s, x MARGIN) would end after 60: held.
+    log.clear()
+    clock.t = 53.0
+    fut = s.submit(bg.program, X, priority=3, name="bg")
+    _wait_for(lambda: s.stats()["admission_holds"] == 1, "the hold")
+    assert [n for n, _ in log] == ["bg"] and s.stats()["running"] == 0
+    if request_comes:
+        clock.t = due
+        cam = s.submit(Chain("cam", 1, log, clock, dt=0.5).program, X, priority=0, name="cam")
+        cam.result(timeout=10)
+        assert cam.task.preempt_wait is None  # it found the unit free: no preemption wait
+        fut.result(timeout=10)
+        assert [n for n, _ in log] == ["bg", "cam", "bg", "bg"]
+        assert s.stats()["admission_held_s"] == pytest.approx(due - 54.0)  # from the hold to the request
+    else:  # the hold lapses GRACE periods after the request was due, and the node runs
+        clock.t = due + GRACE * 10.0 + 0.01
+        fut.result(timeout=10)
+        assert [n for n, _ in log] == ["bg", "bg", "bg"]
+        assert s.stats()["admission_held_s"] == pytest.approx(due + GRACE * 10.0 - 54.0)
+    assert fut.task.holds == 1 and s.stats()["admission_holds"] == 1
+
+
+def test_without_a_periodic_stream_nothing_is_held():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    for t in (0.0, 3.0, 11.0, 30.0, 31.0):  # requests, but no period
+        clock.t = t
+        s.submit(Chain("cam", 1, log, clock, dt=0.5).program, X, priority=0, name="cam").result(timeout=10)
+    bg = Chain("bg", 4, log, clock, dt=5.0)
+    for _ in range(2):
+        s.submit(bg.program, X, priority=3, name="bg").result(timeout=10)
+    assert s.stats()["admission_holds"] == 0
+
+
+def test_admission_off_never_holds():
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock, admission=False)
+    _stream_of(s, clock, log)
+    clock.t = 49.0
+    bg = Chain("bg", 3, log, clock, dt=3.0)
+    for _ in range(2):
+        s.submit(bg.program, X, priority=3, name="bg").result(timeout=10)
+    assert s.stats()["admission_holds"] == 0 and s.admission is None
+
+
+def test_admission_counters_reach_prometheus():
+    import npurun
+    from npurun.runtime.metrics import prometheus_text
+    exe = npurun.Executor("reference", parallelism=1)
+    exe.scheduler.holds, exe.scheduler.held_s = 3, 0.25
+    text = prometheus_text([exe.dev])
+    assert 'npurun_device_admission_holds_total{device="reference"} 3.0' in text
+    assert 'npurun_device_admission_held_seconds_total{device="reference"} 0.25' in text
