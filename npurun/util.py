@@ -41,10 +41,12 @@ def memory_limit() -> int:
     return total if soft == resource.RLIM_INFINITY else min(total, soft)
 
 
-def check_fits(nbytes: int, what: str) -> None:
+def check_fits(nbytes: int, what) -> None:
     """An InputError when `nbytes` is more than the process can have: said before the
-    allocation, which would fail (or, with overcommit, succeed and be killed later)."""
+    allocation, which would fail (or, with overcommit, succeed and be killed later). `what`
+    names the value: a string, or a function that makes it (only called to fail)."""
     if nbytes > (1 << 28) and nbytes > memory_limit():
         from .errors import InputError
+        what = what() if callable(what) else what
         raise InputError(f"{what} would take {nbytes / 2**30:.1f} GiB; this process can have at most "
                          f"{memory_limit() / 2**30:.1f} GiB")

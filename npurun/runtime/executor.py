@@ -51,8 +51,7 @@ def refuse_oversized(graph: Graph) -> None:
     720 GB output; found by `make fuzz`)."""
     from ..ir.dtypes import to_numpy
     from ..ir.shapes import format_shape, numel
-    from ..util import check_fits, memory_limit
-    limit = None
+    from ..util import check_fits
     for v in graph.values.values():
         n = numel(v.shape)
         if v.is_const or n is None or n < (1 << 24):  # (16M elements: fine anywhere)
@@ -61,10 +60,9 @@ def refuse_oversized(graph: Graph) -> None:
             nbytes = n * to_numpy(v.dtype).itemsize
         except Exception:  # noqa: BLE001 -- a dtype without a NumPy form: nothing to judge
             continue
-        limit = memory_limit() if limit is None else limit
-        if nbytes > limit:
-            by = next((nd.label() for nd in graph.nodes if v.name in nd.outputs), f"input {v.name!r}")
-            check_fits(nbytes, f"{graph.source}: {by}: its output {v.name!r} ({v.dtype}{format_shape(v.shape)})")
+        check_fits(nbytes, lambda v=v: "{}: {}: its output {!r} ({}{})".format(
+            graph.source, next((nd.label() for nd in graph.nodes if v.name in nd.outputs), f"input {v.name!r}"),
+            v.name, v.dtype, format_shape(v.shape)))
 
 
 def _task_name(program: Program) -> str:

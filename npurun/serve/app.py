@@ -201,7 +201,7 @@ class Server:
                 fut = await run_in_threadpool(self.executor.submit, m.graph, feeds, priority=priority,
                                               timeout=timeout, name=m.name)
                 work, cancel = asyncio.wrap_future(fut), fut.cancel
-            gone = asyncio.ensure_future(_disconnected(request))
+            gone = asyncio.ensure_future(disconnected(request))
             try:
                 await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -229,7 +229,7 @@ def _config_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-async def _disconnected(request: Request) -> None:
+async def disconnected(request: Request) -> None:
     """Returns when the client disconnects (the body has been read, so the next ASGI message
     is the disconnect)."""
     while True:

@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from ..errors import InputError, NpurunError
 from ..runtime.scheduler import TaskCancelled, TaskTimeout
+from .app import disconnected, read_body
 from .protocol import ServeError, loads_json
 
 OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -64,7 +65,6 @@ class OpenAIRoutes:
         return await self._handle(request, chat=True)
 
     async def _handle(self, request, chat: bool):
-        from .app import read_body
         s = self.server
         t0 = time.perf_counter()
         label = ""  # the model's name once known: a request for no known model counts under ""
@@ -155,9 +155,8 @@ class OpenAIRoutes:
 async def _drain(request, stream) -> None:
     """Run a generation to its end on a worker thread; a client that disconnects stops it at
     the next token (499), as an infer request's run is cancelled (app.py)."""
-    from .app import _disconnected
     left = threading.Event()
-    gone = asyncio.ensure_future(_disconnected(request))
+    gone = asyncio.ensure_future(disconnected(request))
     gone.add_done_callback(lambda f: f.cancelled() or left.set())
     try:
         await run_in_threadpool(_drain_until, stream, left)
