@@ -140,3 +140,28 @@ def test_concat_pieces_are_exact(rng):
         np.testing.assert_array_equal(got, REF["concat"](*xs, axis=axis))
     small = [x[:, :2, :8] for x in xs]
     np.testing.assert_array_equal(concat(*small, axis=1), np.concatenate(small, axis=1))
+
+
+def test_pieces_learn_how_fast_they_run_and_resize(monkeypatch):
+    """split's prediction is scaled by what each() measured (fake clock; a wait at a boundary
+    is not a piece's time)."""
+    from npurun.backends import pieces
+    t = [0.0]
+    monkeypatch.setattr(pieces, "_now", lambda: t[0])
+    waits = []
+    hook = pieces.Hook(lambda: (waits.append(1), t.__setitem__(0, t[0] + 5.0)), lambda: True)
+    prev = pieces.install(hook)
+    try:
+        cal = {}
+        cut = pieces.split(1000, 0.002, cal=cal)  # predicted 2 ms: two 1 ms pieces
+        assert len(cut) == 2
+        for a, b in pieces.each(cut):
+            t[0] += 0.004 * (b - a) / 1000  # they run twice as slow as predicted
+        assert len(waits) == 1 and cal[pieces.SCALE] == pytest.approx(2.0)
+        assert len(pieces.split(1000, 0.002, cal=cal)) == 4  # now ~1 ms each
+        for a, b in pieces.each(pieces.split(1000, 0.002, cal=cal)):
+            t[0] += 0.002 * (b - a) / 1000  # as predicted: the scale moves back toward 1
+        assert 1.0 < cal[pieces.SCALE] < 2.0
+    finally:
+        pieces.install(prev)
+    assert pieces.split(10, 1.0).cal is None  # no dict: nothing learned, nothing scaled

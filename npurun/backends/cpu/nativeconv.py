@@ -175,7 +175,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     # with a preemption point between them; the same kernel on the same rows (bit-identical).
     # (Not for a flat pointwise conv: its pixel tiles start where a call starts, so other
     # edges would change which pixels share a tile, and the rounding with it.)
-    cut = pieces.split(rows, flops / group / (PIECE_FLOPS * threads)) if not flat and pieces.wanted() \
+    cut = pieces.split(rows, flops / group / (PIECE_FLOPS * threads), cal=cache) if not flat and pieces.wanted() \
         else [(0, rows)]
     if threads > 1 and len(bands) > 1:  # the bands on par.h's spinning pool, a call per image and group
         mt = getattr(LIB, f"npr_conv2d_{isa or native.ISA}_mt")
@@ -389,7 +389,8 @@ def _winograd(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
     mt = getattr(LIB, f"npr_wino_{isa or native.ISA}_mt", None)
     tiles = -(-ho // 4)
     # Pieces of tile rows (whole 4-row tiles: the same tiles as the whole node's).
-    cut = pieces.split(tiles, flops / (WINO_SPEEDUP * PIECE_FLOPS * threads)) if pieces.wanted() else [(0, tiles)]
+    cut = pieces.split(tiles, flops / (WINO_SPEEDUP * PIECE_FLOPS * threads), cal=cache) if pieces.wanted() \
+        else [(0, tiles)]
     if threads > 1 and len(bands) > 1 and mt is not None:  # the bands on par.h's spinning pool
         for i in range(n):
             for t0, t1 in pieces.each(cut):
@@ -439,9 +440,11 @@ def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flo
         if split_m or not pieces.wanted():
             cut = [(0, ho * wo)]
         elif parts > 1:
-            cut = [(r0 * wo, r1 * wo) for r0, r1 in pieces.split(ho, flops / (PIECE_FLOPS * parts))]
+            rows = pieces.split(ho, flops / (PIECE_FLOPS * parts), cal=cache)
+            cut = pieces.Cut((r0 * wo, r1 * wo) for r0, r1 in rows)
+            cut.cal, cut.per_unit = cache, rows.per_unit / wo
         else:
-            cut = pieces.split(ho * wo, flops / PIECE_FLOPS, unit=nr)
+            cut = pieces.split(ho * wo, flops / PIECE_FLOPS, unit=nr, cal=cache)
         for i in range(n):
             for p0, p1 in pieces.each(cut):
                 _check(fn(xp + i * xstep, *pre, yp + i * ystep, *post, p0, p1))

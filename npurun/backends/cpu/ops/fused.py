@@ -113,7 +113,7 @@ def make_affine_activation(program):
         xp, yp = native.ptr(x), native.ptr(y)
         # Pieces on a contended device (backends/pieces.py): flat ranges of whole 64-float
         # blocks, so every vector lane and the one tail fall where the whole call's do.
-        cut = pieces.split(x.size, x.size * AFFINE_S_PER_ELEMENT, unit=64) \
+        cut = pieces.split(x.size, x.size * AFFINE_S_PER_ELEMENT, unit=64, cal=_CAL) \
             if x.size >= PIECE_MIN and pieces.wanted() else [(0, x.size)]
         for i0, i1 in pieces.each(cut):
             AFFINE_ACT(xp + 4 * i0, yp + 4 * i0, i1 - i0, s0, t0, code, alpha, beta, s1, t1)
@@ -123,6 +123,7 @@ def make_affine_activation(program):
 
 PIECE_MIN = 1 << 20  # elements: smaller maps run in one call (under ~1 ms)
 AFFINE_S_PER_ELEMENT = 1e-9
+_CAL: dict = {}  # the measured speed of the chain's pieces (pieces.split)
 
 
 def make_rope_half(program):
