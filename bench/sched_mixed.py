@@ -78,6 +78,20 @@ class NpurunNoAdmission(Npurun):
         self.exe.scheduler.admission = self._adm
 
 
+class NpurunUncalibrated(Npurun):
+    """npurun with pieces sized by the kernels' speed models only (not by measured piece times,
+    backends/pieces.py): the A/B base of that calibration."""
+    name = "npurun, pieces uncalibrated"
+
+    def start(self):
+        from npurun.backends import pieces
+        self._pieces, self._learn = pieces, pieces._learn
+        pieces._learn = lambda cal, took, predicted: None
+
+    def stop(self):
+        self._pieces._learn = self._learn
+
+
 class Ort:
     """Two sessions (one per model), each with all threads, sharing the machine as two
     processes would; requests of the stream queue on one worker thread per session."""
@@ -180,7 +194,8 @@ def main():
     ap.add_argument("--period", type=float, default=0.05)
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", choices=["npurun", "onnxruntime", "npurun, nodes whole", "npurun, no admission"])
+    ap.add_argument("--only", choices=["npurun", "onnxruntime", "npurun, nodes whole", "npurun, no admission",
+                                       "npurun, pieces uncalibrated"])
     args = ap.parse_args()
     from models.fetch import fetch
     hi_model, lo_model = ROOT / "npurun" / "zoo" / "espcn_x3.onnx", fetch("ppocr_det")
@@ -190,7 +205,7 @@ def main():
     print(f"# ESPCN {args.tile}x{args.tile} every {args.period * 1000:.0f} ms at priority 0 beside PP-OCRv4 det "
           f"640x640 at priority 3; {args.threads} threads, {args.duration:g} s per scenario")
     results = {}
-    for cls in (Npurun, NpurunNoAdmission, NpurunWhole, Ort):
+    for cls in (Npurun, NpurunNoAdmission, NpurunUncalibrated, NpurunWhole, Ort):
         if args.only and cls.name != args.only:
             continue
         rt = cls(args.threads, hi_model, lo_model)
