@@ -269,30 +269,33 @@ int npr_dwconv2d_cl(const float *x, int C, int H, int W, const float *w, const f
 
 typedef struct {
     dw_fn fn; const float *x; int C, H, W; const float *w, *bias; int kh, kw, sh, sw, dh, dw, pt, pl;
-    int act; float alpha, beta; float *y; int Ho, Wo, chunks, align; atomic_int rc;
+    int act; float alpha, beta; float *y; int Ho, Wo, chunks, align, c0, c1; atomic_int rc;
 } dw_job;
 
 static void dw_chunk(void *ctx, int i)
 {
     dw_job *j = ctx;
-    /* channel bands; the lanes kernel's in whole blocks of 8 where it can */
-    long n = (j->C + j->align - 1) / j->align;
-    int a = (int)(par_at(0, n, i, j->chunks) * j->align), b = (int)(par_at(0, n, i + 1, j->chunks) * j->align);
-    if (b > j->C) b = j->C;
+    /* channel bands of [c0, c1); the lanes kernel's in whole blocks of 8 where it can (c0 is
+     * a multiple of 8: the blocks are the whole call's, so a piece's results are too) */
+    long n = (j->c1 - j->c0 + j->align - 1) / j->align;
+    int a = j->c0 + (int)(par_at(0, n, i, j->chunks) * j->align);
+    int b = j->c0 + (int)(par_at(0, n, i + 1, j->chunks) * j->align);
+    if (b > j->c1) b = j->c1;
     if (b > a && j->fn(j->x, j->C, j->H, j->W, j->w, j->bias, j->kh, j->kw, j->sh, j->sw, j->dh,
                        j->dw, j->pt, j->pl, j->act, j->alpha, j->beta, j->y, j->Ho, j->Wo, a, b))
         atomic_store(&j->rc, -1);
 }
 
-/* One image of a depthwise conv, its channels in `chunks` bands; lanes: the channels-in-lanes
- * kernel of dwconv_cl.c (nativeconv.dw_lanes_chosen), else the per-channel one above. */
+/* One image of a depthwise conv, its channels [c0, c1) in `chunks` bands (a piece of the node:
+ * nativeconv cuts at multiples of 8); lanes: the channels-in-lanes kernel of dwconv_cl.c
+ * (nativeconv.dw_lanes_chosen), else the per-channel one above. */
 int npr_dwconv2d_mt(const float *x, int C, int H, int W, const float *w, const float *bias,
                     int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
                     int act, float alpha, float beta, float *y, int Ho, int Wo, int threads, int chunks,
-                    int lanes)
+                    int lanes, int c0, int c1)
 {
     dw_job j = {lanes ? npr_dwconv2d_cl : npr_dwconv2d, x, C, H, W, w, bias, kh, kw, sh, sw, dh, dw, pt, pl,
-                act, alpha, beta, y, Ho, Wo, chunks, lanes ? 8 : 1, 0};
+                act, alpha, beta, y, Ho, Wo, chunks, lanes ? 8 : 1, c0, c1, 0};
     par_run(dw_chunk, &j, chunks, threads);
     return atomic_load(&j.rc);
 }

@@ -165,3 +165,31 @@ def test_pieces_learn_how_fast_they_run_and_resize(monkeypatch):
     finally:
         pieces.install(prev)
     assert pieces.split(10, 1.0).cal is None  # no dict: nothing learned, nothing scaled
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_pieces_are_bit_identical(rng, monkeypatch, threads):
+    """Depthwise convs as channel pieces (cut at multiples of 8, both kernels: per-channel and
+    channels-in-lanes), against the whole node, fresh random inputs."""
+    cut = 0
+    for _ in range(24):
+        c = int(rng.choice([8, 13, 24, 32, 40, 72, 96]))
+        k, s = int(rng.choice([3, 5, 7])), int(rng.choice([1, 2]))
+        x = rng.standard_normal((int(rng.choice([1, 2])), c, int(rng.integers(8, 60)), int(rng.integers(8, 60))))
+        x = x.astype(np.float32)
+        w = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+        b = rng.standard_normal(c).astype(np.float32)
+        attrs = {"group": c, "strides": [s, s], "dilations": [1, 1], "auto_pad": "NOTSET", "pads": [k // 2] * 4}
+        for algo in (None, "dw_lanes"):
+            whole = nativeconv.conv2d(x, w, b, attrs, "relu", {}, threads, {}, algo=algo)
+            monkeypatch.setattr(nativeconv, "PIECE_FLOPS", 1e5)  # pieces even on these small convs
+            hook = Counter()
+            prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
+            try:
+                part = nativeconv.conv2d(x, w, b, attrs, "relu", {}, threads, {}, algo=algo)
+            finally:
+                pieces.install(prev)
+                monkeypatch.undo()
+            cut += hook.n > 0
+            np.testing.assert_array_equal(part, whole, err_msg=f"{x.shape} {w.shape} {attrs} {algo}")
+    assert cut >= 30  # most cases did run in pieces

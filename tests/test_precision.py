@@ -54,15 +54,17 @@ def test_int8_conv_is_qlinearconv(rng, group, device):
     assert ("w8" in g.values["w"].calib) == (group == 1)  # GPTQ-rounded weights (not for grouped convs)
     x = nonzero_normal(rng, (1, 6, 9, 11)) * 1.2  # beyond the calibrated range too: saturates
     got = run(g, {"x": x}, device)
-    # The same quantized tensors through ORT's QLinearConv (u8 activations, per-channel s8 weights).
+    # The same quantized tensors through ORT's QLinearConv (u8 activations, per-channel weights
+    # as u8 with zero point 128: ORT's s8 weight kernels saturate on x86 without VNNI, see
+    # test_ops_quant.u8_weights).
     xs, xz = g.values["x"].calib["q8"]
     ys, yz = g.values["y"].calib["q8"]
     wq, ws = _weight_grid(g.values["w"], 0)
     bq = np.rint(g.values["b"].data.astype(np.float64) / (np.float64(np.float32(xs)) * ws)).astype(np.int32)
     xq = np.clip(np.rint(x / np.float32(xs)) + xz, 0, 255).astype(np.uint8)
     inits = [numpy_helper.from_array(a, n) for a, n in [
-        (np.array(xs, np.float32), "xs"), (np.array(xz, np.uint8), "xz"), (wq.astype(np.int8), "w"),
-        (ws, "ws"), (np.zeros(len(ws), np.int8), "wz"), (np.array(ys, np.float32), "ys"),
+        (np.array(xs, np.float32), "xs"), (np.array(xz, np.uint8), "xz"), ((wq.astype(np.int16) + 128).astype(np.uint8), "w"),
+        (ws, "ws"), (np.full(len(ws), 128, np.uint8), "wz"), (np.array(ys, np.float32), "ys"),
         (np.array(yz, np.uint8), "yz"), (bq, "b")]]
     node = helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["yq"],
                             pads=[1, 1, 1, 1], group=group)

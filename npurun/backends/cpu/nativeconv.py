@@ -121,19 +121,22 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         # model alternating with and without: MobileNetV2 0.88-0.94x, PP-LCNet 0.87-0.91x,
         # MobileNetV3-L 0.91-0.96x, EfficientNet-B0 0.94-0.96x; ConvNeXt-T 0.97-1.05x (noise).
         bands = _bands(c, threads, DW_FLOP_COST * flops)
+        # Pieces on a contended device: channel ranges cut at multiples of 8, where the lanes
+        # kernel's blocks of 8 channels fall in the whole call too (bit-identical).
+        cut = pieces.split(c, DW_FLOP_COST * flops / (PIECE_FLOPS * threads), unit=8, cal=cache) \
+            if pieces.wanted() else None
         if threads > 1 and len(bands) > 1:  # channel bands on par.h's spinning pool
             for i in range(n):
-                _check(LIB.npr_dwconv2d_mt(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo,
-                                           code, alpha, beta, ptr(y[i]), ho, wo, threads, len(bands), int(lanes)))
+                for c0, c1 in pieces.each(cut) if cut else [(0, c)]:
+                    chunks = len(bands) if c1 - c0 == c else max(1, min(len(bands), -(-(c1 - c0) // 8)))
+                    _check(LIB.npr_dwconv2d_mt(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo, code, alpha, beta,
+                                               ptr(y[i]), ho, wo, threads, chunks, int(lanes), c0, c1))
             return y
-        jobs = [(i, c0, c1) for i in range(n) for c0, c1 in bands]
         dw_kernel = LIB.npr_dwconv2d_cl if lanes else LIB.npr_dwconv2d
-
-        def run_dw(job):
-            i, c0, c1 = job
-            _check(dw_kernel(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo,
-                             code, alpha, beta, ptr(y[i]), ho, wo, c0, c1))
-        _run(run_dw, jobs)
+        for i in range(n):
+            for c0, c1 in pieces.each(cut) if cut else bands:
+                _check(dw_kernel(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo,
+                                 code, alpha, beta, ptr(y[i]), ho, wo, c0, c1))
         return y
     if algo is None and threads == 1 and blas_pointwise(c, m, group, geo, ho, wo):
         return _gemm(x, w, b, geo, end, code, alpha, beta, y, cache)
