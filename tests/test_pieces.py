@@ -193,3 +193,29 @@ def test_depthwise_pieces_are_bit_identical(rng, monkeypatch, threads):
             cut += hook.n > 0
             np.testing.assert_array_equal(part, whole, err_msg=f"{x.shape} {w.shape} {attrs} {algo}")
     assert cut >= 30  # most cases did run in pieces
+
+
+def test_nearest_resize_pieces_are_bit_identical(rng, monkeypatch):
+    """cpu/ops/vision.py: a nearest resize as channel pieces (each the same gather) on a
+    contended device, against the whole node; batch 1 and 2, integer and fractional scales."""
+    from npurun.backends.cpu.ops import vision
+    resize = vision.KERNELS["resize"](None)
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor",
+             "axes": None, "keep_aspect_ratio_policy": "stretch", "cubic_coeff_a": -0.75,
+             "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0}
+    monkeypatch.setattr(vision, "PIECE_MIN", 1000)
+    monkeypatch.setattr(vision, "RESIZE_S_PER_ELEMENT", 1e-7)  # ~10 k elements a piece
+    for shape, sc in [((1, 24, 40, 40), [1, 1, 2, 2]), ((2, 13, 17, 30), [1, 1, 1.5, 2.5])]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        scales = np.array(sc, np.float32)
+        whole = resize(x, None, scales, None, **attrs)
+        vision._RESIZE_CAL.clear()  # (the last case's measured speed would make these few pieces)
+        hook = Counter()
+        prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
+        try:
+            part = resize(x, None, scales, None, **attrs)
+        finally:
+            pieces.install(prev)
+        assert hook.n > 0
+        np.testing.assert_array_equal(part, whole)
+        np.testing.assert_array_equal(whole, vision.REF["resize"](x, None, scales, None, **attrs))

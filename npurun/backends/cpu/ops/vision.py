@@ -41,6 +41,7 @@ import functools
 
 import numpy as np
 
+from ... import pieces
 from ...reference.kernels import KERNELS as REF
 from ...reference.kernels.nn import _window_pads
 from ...reference.kernels.shape import resize_plan
@@ -174,7 +175,20 @@ def _resize(x, roi=None, scales=None, sizes=None, **a):
         return REF["resize"](x, roi, scales, sizes, **a)
     idx, out = m
     n, c = x.shape[:2]
-    return np.take(x.reshape(n, c, -1), idx, axis=2).reshape(n, c, *out)
+    x3 = x.reshape(n, c, -1)
+    if n * c * len(idx) < PIECE_MIN or c < 2 or not pieces.wanted():
+        return np.take(x3, idx, axis=2).reshape(n, c, *out)
+    # Pieces on a contended device (backends/pieces.py): channel ranges, each the same gather
+    # (copies: bit-identical); an FPN's nearest x2 of (1, 96, 160, 160) is a 10 MB write.
+    y = np.empty((n, c, len(idx)), x.dtype)
+    for c0, c1 in pieces.each(pieces.split(c, n * c * len(idx) * RESIZE_S_PER_ELEMENT, cal=_RESIZE_CAL)):
+        np.take(x3[:, c0:c1], idx, axis=2, out=y[:, c0:c1])
+    return y.reshape(n, c, *out)
+
+
+PIECE_MIN = 1 << 20           # output elements: a smaller resize is well under a piece
+RESIZE_S_PER_ELEMENT = 1e-9   # a gathered copy per output element (pieces.split learns the real rate)
+_RESIZE_CAL: dict = {}
 
 
 _taps: dict = {}  # (axis length, plan entry, attributes) -> (indices (n_out, k), weights float32)
