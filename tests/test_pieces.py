@@ -19,6 +19,21 @@ class Counter:
         return True
 
 
+def whole_and_pieced(monkeypatch, piece_flops, run):
+    """run() alone, then as on a contended task thread with the conv kernels' speed model at
+    `piece_flops` FLOP/s (pieces even on small convs): (whole, pieced, preemption points)."""
+    whole = run()
+    monkeypatch.setattr(nativeconv, "PIECE_FLOPS", piece_flops)
+    hook = Counter()
+    prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
+    try:
+        part = run()
+    finally:
+        pieces.install(prev)
+        monkeypatch.undo()
+    return whole, part, hook.n
+
+
 def case(rng):
     c = int(rng.choice([1, 3, 8, 16, 24, 32, 48]))
     m = int(rng.choice([4, 8, 16, 24, 40, 64]))
@@ -36,16 +51,9 @@ def test_pieces_are_bit_identical_to_the_whole_node(rng, monkeypatch, threads):
     cut = 0
     for _ in range(60):
         x, w, b, attrs = case(rng)
-        whole = nativeconv.conv2d(x, w, b, attrs, None, None, threads, {})
-        monkeypatch.setattr(nativeconv, "PIECE_FLOPS", 2e6)  # pieces even on these small convs
-        hook = Counter()
-        prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
-        try:
-            part = nativeconv.conv2d(x, w, b, attrs, None, None, threads, {})
-        finally:
-            pieces.install(prev)
-            monkeypatch.undo()
-        cut += hook.n > 0
+        whole, part, n = whole_and_pieced(
+            monkeypatch, 2e6, lambda: nativeconv.conv2d(x, w, b, attrs, None, None, threads, {}))
+        cut += n > 0
         np.testing.assert_array_equal(part, whole, err_msg=f"{x.shape} {w.shape} {attrs}")
     assert cut >= 20  # most cases did run in pieces
 
@@ -181,16 +189,9 @@ def test_depthwise_pieces_are_bit_identical(rng, monkeypatch, threads):
         b = rng.standard_normal(c).astype(np.float32)
         attrs = {"group": c, "strides": [s, s], "dilations": [1, 1], "auto_pad": "NOTSET", "pads": [k // 2] * 4}
         for algo in (None, "dw_lanes"):
-            whole = nativeconv.conv2d(x, w, b, attrs, "relu", {}, threads, {}, algo=algo)
-            monkeypatch.setattr(nativeconv, "PIECE_FLOPS", 1e5)  # pieces even on these small convs
-            hook = Counter()
-            prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
-            try:
-                part = nativeconv.conv2d(x, w, b, attrs, "relu", {}, threads, {}, algo=algo)
-            finally:
-                pieces.install(prev)
-                monkeypatch.undo()
-            cut += hook.n > 0
+            whole, part, n = whole_and_pieced(
+                monkeypatch, 1e5, lambda: nativeconv.conv2d(x, w, b, attrs, "relu", {}, threads, {}, algo=algo))
+            cut += n > 0
             np.testing.assert_array_equal(part, whole, err_msg=f"{x.shape} {w.shape} {attrs} {algo}")
     assert cut >= 30  # most cases did run in pieces
 
