@@ -7,6 +7,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from ort_exact import u8_weights
+
 import npurun
 
 MS = "com.microsoft"
@@ -59,9 +61,10 @@ def run_all(m, feeds, tmp_path, backends=BACKENDS):
     # One thread: some of ORT's kernels quantize per thread's share of a batch (its quantized
     # LSTM), so their numbers depend on the thread count.
     so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(typed(m, g).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    oracle, ofeeds = u8_weights(typed(m, g), feeds)  # exact on every x86 (tests/ort_exact.py)
+    sess = ort.InferenceSession(oracle.SerializeToString(), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in m.graph.output]
-    want = dict(zip(names, sess.run(names, feeds)))
+    want = dict(zip(names, sess.run(names, ofeeds)))
     got = {b: npurun.Executor(device=b).run_sync(g, feeds) for b in backends}
     return want, got
 

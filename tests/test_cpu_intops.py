@@ -10,6 +10,7 @@ import pytest
 
 from npurun.backends.cpu.ops import FACTORIES, intops
 from npurun.backends.reference.kernels import KERNELS as REF
+from ort_exact import u8_weights
 
 U8, S8 = np.uint8, np.int8
 
@@ -165,7 +166,8 @@ def test_cpu_backend_runs_integer_models_like_onnxruntime(rng):
     exe = npurun.Executor("cpu", parallelism=1)
     for op, shapes, consts, attrs, out, opset in cases:
         model = _onnx(op, {k: np.zeros(s, U8) for k, s in shapes.items()}, consts, attrs, out, opset)
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        oracle, _ = u8_weights(model)  # int8 weights as uint8 for ORT: exact on every x86 (tests/ort_exact.py)
+        sess = ort.InferenceSession(oracle.SerializeToString(), providers=["CPUExecutionProvider"])
         graph = import_model(model)
         (step,) = exe.compile(graph).steps
         assert step[1] is not REF[step[0].op]  # the cpu kernel, not the reference

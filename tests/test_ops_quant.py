@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import npurun
 from conftest import nonzero_normal
+from ort_exact import u8_weights
 from npurun.frontend.onnx import import_model
 
 T = TensorProto
@@ -35,14 +36,13 @@ def _model(op, inputs, consts, attrs, opset, out_types, then_cast=None, domain="
     return helper.make_model(g, opset_imports=[helper.make_opsetid(domain, opset)], ir_version=10)
 
 
-def check(op, inputs, consts=None, attrs=None, opset=21, out_types=(T.FLOAT,), then_cast=None, oracle_consts=None):
-    """npurun's reference backend against ONNX Runtime on a one-node model; `oracle_consts`:
-    the same node's constants in another form ORT computes exactly (see test_qlinear_conv)."""
+def check(op, inputs, consts=None, attrs=None, opset=21, out_types=(T.FLOAT,), then_cast=None):
+    """npurun's reference backend against ONNX Runtime on a one-node model (int8 weights of
+    integer products given to ORT as uint8: exact on every x86, tests/ort_exact.py)."""
     consts = consts or {}
     model = _model(op, inputs, consts, attrs or {}, opset, list(out_types), then_cast)
-    oracle = model if oracle_consts is None else _model(op, inputs, oracle_consts, attrs or {}, opset,
-                                                         list(out_types), then_cast)
-    want = ort.InferenceSession(oracle.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
+    oracle, ofeeds = u8_weights(model, inputs)
+    want = ort.InferenceSession(oracle.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, ofeeds)
     got = npurun.Executor("reference", parallelism=1).run_sync(import_model(model), inputs)
     assert len(got) == len(want)
     for g, w in zip(got.values(), want):
@@ -304,18 +304,7 @@ def test_qlinear_conv(rng, attrs, per_channel, bias):
               "ys": np.array(rng.uniform(0.05, 0.3), np.float32), "yz": np.array(rng.integers(0, 256), np.uint8)}
     if bias:
         consts["b"] = rng.integers(-5000, 5000, 9).astype(np.int32)
-    check("QLinearConv", {"x": x}, consts, attrs, opset=10, out_types=[T.UINT8], oracle_consts=u8_weights(consts))
-
-
-def u8_weights(consts: dict) -> dict:
-    """The same conv with uint8 weights (w + 128, zero point 128): ORT's u8 x s8 kernels on x86
-    without VNNI sum pairs of products in saturating 16-bit lanes (vpmaddubsw), so with
-    full-range weights its result is not the exact one on such a machine (an AVX2-only VM
-    gave 128 of 270 outputs off by up to 17); its u8 x u8 kernels widen first and are exact."""
-    out = dict(consts)
-    out["w"] = (consts["w"].astype(np.int16) + 128).astype(np.uint8)
-    out["wz"] = (consts["wz"].astype(np.int16) + 128).astype(np.uint8)
-    return out
+    check("QLinearConv", {"x": x}, consts, attrs, opset=10, out_types=[T.UINT8])
 
 
 # ------------------------------------------------------------------ BitCast

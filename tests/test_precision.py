@@ -13,6 +13,7 @@ from npurun.precision import PrecisionError
 from npurun.precision import quantize as q
 from npurun.precision.calibrate import calibrate
 from npurun.precision.overrides import parse_overrides
+from ort_exact import u8_weights
 
 
 def conv_graph(rng, cin=6, cout=8, k=3, group=1, w=None):
@@ -54,17 +55,16 @@ def test_int8_conv_is_qlinearconv(rng, group, device):
     assert ("w8" in g.values["w"].calib) == (group == 1)  # GPTQ-rounded weights (not for grouped convs)
     x = nonzero_normal(rng, (1, 6, 9, 11)) * 1.2  # beyond the calibrated range too: saturates
     got = run(g, {"x": x}, device)
-    # The same quantized tensors through ORT's QLinearConv (u8 activations, per-channel weights
-    # as u8 with zero point 128: ORT's s8 weight kernels saturate on x86 without VNNI, see
-    # test_ops_quant.u8_weights).
+    # The same quantized tensors through ORT's QLinearConv (u8 activations, per-channel s8
+    # weights, handed to ORT as u8: exact on every x86, tests/ort_exact.py).
     xs, xz = g.values["x"].calib["q8"]
     ys, yz = g.values["y"].calib["q8"]
     wq, ws = _weight_grid(g.values["w"], 0)
     bq = np.rint(g.values["b"].data.astype(np.float64) / (np.float64(np.float32(xs)) * ws)).astype(np.int32)
     xq = np.clip(np.rint(x / np.float32(xs)) + xz, 0, 255).astype(np.uint8)
     inits = [numpy_helper.from_array(a, n) for a, n in [
-        (np.array(xs, np.float32), "xs"), (np.array(xz, np.uint8), "xz"), ((wq.astype(np.int16) + 128).astype(np.uint8), "w"),
-        (ws, "ws"), (np.full(len(ws), 128, np.uint8), "wz"), (np.array(ys, np.float32), "ys"),
+        (np.array(xs, np.float32), "xs"), (np.array(xz, np.uint8), "xz"), (wq.astype(np.int8), "w"),
+        (ws, "ws"), (np.zeros(len(ws), np.int8), "wz"), (np.array(ys, np.float32), "ys"),
         (np.array(yz, np.uint8), "yz"), (bq, "b")]]
     node = helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["yq"],
                             pads=[1, 1, 1, 1], group=group)
@@ -72,6 +72,7 @@ def test_int8_conv_is_qlinearconv(rng, group, device):
         [node], "q", [helper.make_tensor_value_info("xq", T.UINT8, xq.shape)],
         [helper.make_tensor_value_info("yq", T.UINT8, None)], inits),
         opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+    model, _ = u8_weights(model)
     yq = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"xq": xq})[0]
     want = (yq.astype(np.int64) - yz).astype(np.float32) * np.float32(ys)
     np.testing.assert_array_equal(got, want)
@@ -515,9 +516,13 @@ def test_qdq_model_keeps_its_scales(rng, tmp_path):
     for n in g.nodes:
         assert n.precision is None and ("own" in n.why or "exact" in n.why), (n.label(), n.why)
     x = nonzero_normal(rng, (1, 3, 10, 12))
-    want = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    # ORT runs the model as written (its optimizer would fuse DQ-Conv-Q into an integer conv,
+    # u8 x s8, which saturates on x86 without VNNI: tests/ort_exact.py); npurun runs the float
+    # conv between them too, in another summation order: the results may round to
+    # neighbouring steps of the output's own grid, never further.
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(str(tmp_path / "q.onnx"), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = run(g, {"x": x}, "cpu")
     step = float(scales[next(k for k in scales if k.startswith("y") and "scale" in k)])
-    # ORT fuses DQ-Conv-Q into an integer conv; npurun runs the float conv between them: the
-    # results may round to neighbouring steps of the output's own grid, never further.
     assert np.abs(got - want).max() <= step * 1.01 and (np.abs(got - want) < step / 2).mean() > 0.95
