@@ -724,6 +724,8 @@ class Scheduler:
         adm = self.admission
         if adm is None or task.segs is None or now >= adm.active_until or step >= len(task.segs):
             return None
+        if len(self._running) < self.active_lanes:
+            return None  # a lane is free for the request anyway
         live = {t.group for t in self.live.values() if t is not task}
         until = adm.hold_until(task.level, now, task.segs[step], live)
         if until is None:
