@@ -372,3 +372,27 @@ def test_a_stride_or_end_padding_that_is_never_used_costs_nothing(strides, pads,
     want = whole[:, :, ::strides[0], ::strides[1]][:, :, :got.shape[2], :got.shape[3]]
     assert got.shape[2:] == want.shape[2:]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_convs_along_h_with_one_column_match_reference(rng, threads):
+    """(N, C, L, 1) convs with (k, 1) kernels (1-D convs as Keras/TF export them) run with the
+    spatial axes swapped by reshapes: dense, grouped, depthwise, strided, dilated, padded,
+    auto_pad, against the reference conv on fresh random inputs."""
+    for _ in range(12):
+        c, group = [(16, 1), (24, 3), (32, 32), (8, 1)][int(rng.integers(4))]
+        m = c if group == c else group * int(rng.choice([2, 8]))
+        kh, s, d = int(rng.choice([1, 3, 5, 9])), int(rng.choice([1, 2])), int(rng.choice([1, 2]))
+        x = nonzero_normal(rng, (int(rng.choice([1, 2])), c, int(rng.integers(20, 300)), 1))
+        w = nonzero_normal(rng, (m, c // group, kh, 1)) * 0.3
+        b = nonzero_normal(rng, (m,))
+        if rng.random() < 0.5:
+            a = {"group": group, "strides": [s, 1], "dilations": [d, 1],
+                 "pads": [int(rng.integers(0, kh)), 0, int(rng.integers(0, kh)), 0]}
+        else:
+            a = {"group": group, "strides": [s, 1], "dilations": [d, 1], "auto_pad": str(rng.choice(["SAME_UPPER", "VALID"]))}
+        want = KERNELS["conv"](x, w, b, **_attrs(a))
+        for act in (None, "relu"):
+            got = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, threads, {})
+            assert got.shape == want.shape
+            close(got, want, act, atol=3e-5 * float(np.abs(want).max()))
