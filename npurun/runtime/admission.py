@@ -54,7 +54,6 @@ class Admission:
     def __init__(self):
         self.streams: dict[str, Stream] = {}
         self._segs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._ids: dict[int, list] = {}  # programs that cannot be weakly referenced
         # Until when some periodic stream may still hold a task (its next request's due time
         # plus the grace): before then every boundary takes the scheduler's lock.
         self.active_until = float("-inf")
@@ -65,12 +64,8 @@ class Admission:
             segs = self._segs.get(program)
             if segs is None or len(segs) != steps:
                 segs = self._segs[program] = [0.0] * steps
-        except TypeError:  # not weakly referenceable: keyed by id, bounded
-            segs = self._ids.get(id(program))
-            if segs is None or len(segs) != steps:
-                if len(self._ids) > 256:
-                    self._ids.clear()
-                segs = self._ids[id(program)] = [0.0] * steps
+        except TypeError:  # not weakly referenceable: this run learns for itself only
+            segs = [0.0] * steps
         return segs
 
     @staticmethod

@@ -456,16 +456,14 @@ def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flo
         # splits its parts at whole rows too), whole tiles of pixels on one thread (its one
         # call tiles pixels across rows from pixel 0); split_m's small images run whole.
         if split_m or not pieces.wanted():
-            cut = [(0, ho * wo)]
-        elif parts > 1:
-            rows = pieces.split(ho, flops / (PIECE_FLOPS * parts), cal=cache)
-            cut = pieces.Cut((r0 * wo, r1 * wo) for r0, r1 in rows)
-            cut.cal, cut.per_unit = cache, rows.per_unit / wo
+            cut, px = [(0, ho * wo)], 1
+        elif parts > 1:  # (ranges of rows, passed as pixels)
+            cut, px = pieces.split(ho, flops / (PIECE_FLOPS * parts), cal=cache), wo
         else:
-            cut = pieces.split(ho * wo, flops / PIECE_FLOPS, unit=nr, cal=cache)
+            cut, px = pieces.split(ho * wo, flops / PIECE_FLOPS, unit=nr, cal=cache), 1
         for i in range(n):
             for p0, p1 in pieces.each(cut):
-                _check(fn(xp + i * xstep, *pre, yp + i * ystep, *post, p0, p1))
+                _check(fn(xp + i * xstep, *pre, yp + i * ystep, *post, p0 * px, p1 * px))
         return y
     run.packed = (wp, bp)  # kept alive with the plan
     return run
