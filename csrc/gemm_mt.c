@@ -20,12 +20,13 @@ typedef struct {
     float *c, *ws;  /* ws: one K x NR widened panel per chunk (q8 only) */
     long M, K, N, panels, ws_stride;
     int chunks;
+    long p_lo;  /* the first panel (npr_gemm_range_mt); the run is panels [p_lo, panels) */
 } gemm_job;
 
 static void gemm_chunk(void *ctx, int i)
 {
     gemm_job *j = ctx;
-    long p0 = par_at(0, j->panels, i, j->chunks), p1 = par_at(0, j->panels, i + 1, j->chunks);
+    long p0 = par_at(j->p_lo, j->panels, i, j->chunks), p1 = par_at(j->p_lo, j->panels, i + 1, j->chunks);
     if (p1 <= p0) return;
     if (j->q8)
         (j->isa512 ? npr_gemm_q8_avx512 : npr_gemm_q8_avx2)(j->a, j->bq, j->scale, j->c, j->bias, j->res,
@@ -38,7 +39,16 @@ static void gemm_chunk(void *ctx, int i)
 void npr_gemm_mt(int isa512, const float *A, const float *Bp, float *C, const float *bias, const float *R,
                  long M, long K, long N, long panels, int threads, int chunks)
 {
-    gemm_job j = {isa512, 0, A, Bp, NULL, bias, R, NULL, C, NULL, M, K, N, panels, 0, chunks};
+    gemm_job j = {isa512, 0, A, Bp, NULL, bias, R, NULL, C, NULL, M, K, N, panels, 0, chunks, 0};
+    par_run(gemm_chunk, &j, chunks, threads);
+}
+
+/* Panels [p0, p1) only (a piece of a product: a conv's im2col GEMM between preemption points);
+ * each panel is computed as in the whole call, so the pieces together are bit-identical to it. */
+void npr_gemm_range_mt(int isa512, const float *A, const float *Bp, float *C, const float *bias, const float *R,
+                       long M, long K, long N, long p0, long p1, int threads, int chunks)
+{
+    gemm_job j = {isa512, 0, A, Bp, NULL, bias, R, NULL, C, NULL, M, K, N, p1, 0, chunks, p0};
     par_run(gemm_chunk, &j, chunks, threads);
 }
 
@@ -47,7 +57,7 @@ void npr_gemm_q8_mt(int isa512, const float *A, const signed char *Bq, const flo
                     const float *bias, const float *R, long M, long K, long N, long panels, float *ws,
                     long ws_stride, int threads, int chunks)
 {
-    gemm_job j = {isa512, 1, A, NULL, scale, bias, R, Bq, C, ws, M, K, N, panels, ws_stride, chunks};
+    gemm_job j = {isa512, 1, A, NULL, scale, bias, R, Bq, C, ws, M, K, N, panels, ws_stride, chunks, 0};
     par_run(gemm_chunk, &j, chunks, threads);
 }
 

@@ -2,8 +2,20 @@
 from __future__ import annotations
 
 import os
+import platform
 import tempfile
 from pathlib import Path
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it, else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:

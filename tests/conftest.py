@@ -5,6 +5,20 @@ import numpy as np
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def conv_choices_of_this_session(tmp_path_factory):
+    """The cpu backend keeps its measured conv kernels in a file per user (convtune.py); the
+    suite keeps its own, shared by its subprocesses, so no test reads what an earlier run of
+    the user's left there."""
+    old = os.environ.get("NPURUN_CONV_TUNE_FILE")
+    os.environ["NPURUN_CONV_TUNE_FILE"] = str(tmp_path_factory.mktemp("convtune") / "convtune.json")
+    yield
+    if old is None:
+        os.environ.pop("NPURUN_CONV_TUNE_FILE", None)
+    else:
+        os.environ["NPURUN_CONV_TUNE_FILE"] = old
+
+
 @pytest.fixture
 def rng(request):
     """A fresh random generator per test; the seed is printed so a failure can be replayed

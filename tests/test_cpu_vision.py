@@ -1,5 +1,5 @@
 """Small-image vision kernels of the cpu backend against the reference kernels, on fresh random
-non-zero inputs: the im2col + BLAS conv path (nativeconv._gemm, chosen by gemm_chosen for
+non-zero inputs: the im2col + sgemm conv path (nativeconv._gemm, chosen by gemm_chosen for
 strided convs and small images at one thread; strides, asymmetric and SAME padding, dilation,
 1x1, no bias, batch 2, every epilogue), and cpu/ops/vision.py's separable max_pool (bit-exact:
 max is associative) and cached nearest-resize map. conv_gemm.c: tests/test_cpu_native.py."""

@@ -37,6 +37,13 @@ def rel_diff(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
+# A band of a split conv is a conv of another shape, and the cpu backend measures which kernel
+# each shape runs (convtune.py): split and unsplit (and the reference) may differ by the
+# rounding of two kernels (Winograd against a direct sum), which test_cpu_winograd bounds at
+# 3e-5 of the largest output (a split ESPCN 4K met 1.02e-5 against 1e-5).
+KERNEL_REL = 3e-5
+
+
 def parse_w(text: str, rng=None) -> npurun.Graph:
     """Parse .npuir text, giving every constant without an inline value random weights."""
     rng = rng or np.random.default_rng(0)
@@ -158,7 +165,7 @@ def test_split_espcn_equals_unsplit(espcn, rng, hw, rows):
     for backend in ("reference", "cpu"):
         out = run(backend, g2, {"input": x})["output"]
         assert out.shape == ref.shape
-        assert rel_diff(out, ref) <= 1e-5, backend
+        assert rel_diff(out, ref) <= KERNEL_REL, backend
     # no band value is a whole feature map
     conv1 = [v for v in g2.values.values() if v.name.startswith("conv1_out")]
     assert conv1 and all(v.shape[2] < hw[0] for v in conv1)
@@ -195,7 +202,7 @@ def test_split_strided_dilated_chain_equals_unsplit(rng, hw, rows):
     verify(g2)
     ref = run("reference", g, {"x": x})["y"]
     for backend in ("reference", "cpu"):
-        assert rel_diff(run(backend, g2, {"x": x})["y"], ref) <= 1e-5
+        assert rel_diff(run(backend, g2, {"x": x})["y"], ref) <= KERNEL_REL
 
 
 def test_chain_stops_at_branches_and_outputs():
@@ -217,7 +224,7 @@ def test_executor_splits_espcn_in_a_small_workspace(espcn, rng):
     assert plan.split and plan.split[0]["bands"] > 1
     assert plan.peak(FAST) <= 4 * MB
     verify_plan(plan)
-    assert rel_diff(exe.run_sync(espcn, {"input": x})["output"], ref) <= 1e-5
+    assert rel_diff(exe.run_sync(espcn, {"input": x})["output"], ref) <= KERNEL_REL
     peak = traced_peak(lambda: exe.run_sync(espcn, {"input": x}))
     # a run holds no more than its plan says (+ the kernels' packed weights)...
     assert peak <= plan.run_peak_bytes() + MB // 2
@@ -234,7 +241,7 @@ def test_espcn_720p_to_4k_in_64mb(espcn, rng):  # the issue's headline case: ~2 
     _, plan = exe.planned(espcn, {"input": x})
     assert plan.split and plan.peak(FAST) <= 64 * MB
     out = exe.run_sync(espcn, {"input": x})["output"]
-    assert rel_diff(out, ref) <= 1e-5
+    assert rel_diff(out, ref) <= KERNEL_REL
     peak = traced_peak(lambda: exe.run_sync(espcn, {"input": x}))
     unsplit = traced_peak(lambda: Executor("cpu", cascade=False).run_sync(espcn, {"input": x}))
     print(f"peak allocated: split {peak / MB:.1f} MB, unsplit {unsplit / MB:.1f} MB")
@@ -250,7 +257,7 @@ def test_workspace_too_small_names_the_smallest_that_works(espcn, rng):
     need = float(re.search(r"workspace_mb=([0-9.]+)", str(e.value)).group(1))
     ref = Executor("cpu", cascade=False).run_sync(espcn, {"input": x})["output"]
     out = Executor("cpu", workspace_mb=need).run_sync(espcn, {"input": x})["output"]
-    assert rel_diff(out, ref) <= 1e-5
+    assert rel_diff(out, ref) <= KERNEL_REL
     with pytest.raises(WorkspaceError):
         Executor("cpu", workspace_mb=max(need - 0.2, 0.01)).run_sync(espcn, {"input": x})
 
@@ -262,7 +269,7 @@ def test_symbolic_shapes_planned_per_run_shape_and_cached(espcn, rng):
     for x in (a, b, a):
         out = exe.run_sync(espcn, {"input": x})["output"]
         assert out.shape == (1, 1, 3 * x.shape[2], 3 * x.shape[3])
-        assert rel_diff(out, run("reference", espcn, {"input": x})["output"]) <= 1e-5
+        assert rel_diff(out, run("reference", espcn, {"input": x})["output"]) <= KERNEL_REL
     assert len(exe._plans) == 2  # one plan per shape met; the third run hit the cache
     p1, plan1 = exe.planned(espcn, {"input": a})
     p2, _ = exe.planned(espcn, {"input": a})
@@ -284,7 +291,7 @@ def test_cpu_default_cascades_big_chains(espcn, rng):
     _, plan = exe.planned(espcn, {"input": x})
     assert plan.split and plan.peak(FAST) <= CPU_CASCADE_MB * MB
     ref = Executor("cpu", cascade=False).run_sync(espcn, {"input": x})["output"]
-    assert rel_diff(exe.run_sync(espcn, {"input": x})["output"], ref) <= 1e-5
+    assert rel_diff(exe.run_sync(espcn, {"input": x})["output"], ref) <= KERNEL_REL
 
 
 # ------------------------------------------------------------------ the report

@@ -46,13 +46,14 @@ def case(rng):
     return x.astype(np.float32), w.astype(np.float32), rng.standard_normal(m).astype(np.float32), attrs
 
 
+@pytest.mark.parametrize("algo", [None, "gemm"])  # the kernel measured fastest (or the rule's); im2col + sgemm
 @pytest.mark.parametrize("threads", [1, 2])
-def test_pieces_are_bit_identical_to_the_whole_node(rng, monkeypatch, threads):
+def test_pieces_are_bit_identical_to_the_whole_node(rng, monkeypatch, threads, algo):
     cut = 0
     for _ in range(60):
         x, w, b, attrs = case(rng)
         whole, part, n = whole_and_pieced(
-            monkeypatch, 2e6, lambda: nativeconv.conv2d(x, w, b, attrs, None, None, threads, {}))
+            monkeypatch, 2e6, lambda: nativeconv.conv2d(x, w, b, attrs, None, None, threads, {}, algo=algo))
         cut += n > 0
         np.testing.assert_array_equal(part, whole, err_msg=f"{x.shape} {w.shape} {attrs}")
     assert cut >= 20  # most cases did run in pieces

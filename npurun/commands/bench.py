@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..util import cpu_model
 
 
 def add_parser(sub):
@@ -147,15 +148,7 @@ def compare(model, graph, feeds: dict, device: str, threads: int, vs: str | None
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs, {platform.system()}"
+    return f"{cpu_model()}, {os.cpu_count()} CPUs, {platform.system()}"
 
 
 # ---------------------------------------------------------------- the command

@@ -54,7 +54,13 @@ class CpuProgram(Program):
             return functools.partial(fn, _cache={})
         if node.op in ("matmul", "matmul_add") and node.precision in (None, "f32") and fn is not None \
                 and self._const(node.inputs[1], ndim=2):
-            return fused_ops.linear_kernel(self, fn)
+            # One packed copy per weight array, shared by every node that reads it, under any
+            # name (ALBERT's 12 layers read one set of 6 matrices through Identity nodes: packed
+            # per node, 12 copies, peak RSS 465 MB against ORT's 161). The graph holds the
+            # arrays, so their ids stay theirs while this program lives.
+            packs = self.__dict__.setdefault("_packs", {})
+            w = self.graph.values[node.inputs[1]].data
+            return fused_ops.linear_kernel(self, fn, packs.setdefault(id(w), {}))
         if node.op == "gemm" and node.precision in (None, "f32") and fn is not None and self._const(node.inputs[1], ndim=2):
             return fused_ops.gemm_kernel(self, node, self.graph, fn)
         return fn

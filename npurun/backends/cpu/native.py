@@ -85,6 +85,7 @@ def _signatures() -> dict:
         "npr_softmax": ([P, P, P, L, L, L, L, L, I, F], None),
         "npr_softmax_mt": ([P, P, P, L, L, L, L, I, F, I, I], None),
         "npr_gemm_mt": ([I, P, P, P, P, P, L, L, L, L, I, I], None),
+        "npr_gemm_range_mt": ([I, P, P, P, P, P, L, L, L, L, L, I, I], None),
         "npr_gemm_q8_mt": ([I, P, P, P, P, P, P, L, L, L, L, P, L, I, I], None),
         "npr_bmm_mt": ([I, P, P, P, L, L, L, L, I], I),
         # nbits.c: 4-bit MatMulNBits with int8 activations (contrib/nbits.py)

@@ -1,16 +1,18 @@
 """2-D convolution through the compiled kernels (csrc/): dense and grouped convs as an
-implicit GEMM with the bias and activation fused (conv.c), 3x3 stride-1 dense convs with
-enough channels as Winograd F(4x4, 3x3) (winograd.c; the rule is winograd.chosen), depthwise
-convs as a direct kernel; dense convs on small images (<= 160x160 out) as the flat-pixel GEMM
-of conv_gemm.c (`flat_chosen`), what is left of `gemm_chosen` as im2col + BLAS sgemm, and
-stride-1 convs with <= 4 input channels (ESPCN's 5x5 1->64) as the direct kernel of smallc.c
-(`smallc_chosen`).
+implicit GEMM with the bias and activation fused (conv.c), 3x3 stride-1 dense convs as
+Winograd F(4x4, 3x3) (winograd.c), depthwise convs as a direct kernel (a channel's row, or 8
+channels, in the lanes), dense convs as the flat-pixel GEMM of conv_gemm.c, as im2col + the
+packed sgemm of transformer.c, and stride-1 convs with <= 4 input channels (ESPCN's 5x5 1->64)
+as the direct kernel of smallc.c. Which one a shape runs is measured on its first call on this
+machine (convtune.py); the rules here (`flat_chosen`, `gemm_chosen`, `smallc_chosen`,
+`winograd.chosen`, `dw_lanes_chosen`) are its first candidate and its fallback. Each node's
+call is then planned once per input shape (`_plan`).
 
 On more than one thread the work is split into bands of output rows (dense; of channels,
-depthwise), one call per image (per group of a grouped conv), on the library's one spinning
-pool (csrc/par.h), whose hand-offs cost ~1 us; there is no Python thread pool.
-Weights are packed once per node, (M, C, kh, kw) -> (ceil(M/4), C*kh*kw, 4), or transformed
-and packed for Winograd (winograd.pack), and kept in the node's cache.
+depthwise; of pixel panels, im2col + sgemm), one call per image (per group of a grouped conv),
+on the library's one spinning pool (csrc/par.h), whose hand-offs cost ~1 us; there is no
+Python thread pool. Weights are packed once per node, (M, C, kh, kw) -> (ceil(M/4), C*kh*kw,
+4), or transformed and packed for Winograd (winograd.pack), and kept in the node's cache.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from ...errors import BackendError
 from ...util import check_fits
 from .. import pieces
 from ..reference.kernels.nn import _window_pads
-from . import native, winograd
+from . import convtune, native, winograd
 from .native import LIB, act_params, ptr
 
 MR = 4  # output channels per microkernel tile (csrc/conv.c)
@@ -67,9 +69,11 @@ def pack(w: np.ndarray, b: np.ndarray | None, group: int, mr: int = MR):
 
 def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None = None,
            algo: str | None = None):
-    """algo: None picks by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen /
-    dw_lanes_chosen; "direct", "winograd", "flat", "gemm", "smallc", "dw_lanes" (depthwise with
-    the channels in the lanes; "direct" is the per-channel one) forces one (tests, benches)."""
+    """algo: None picks by measurement (convtune: the fastest kernel for this shape on this
+    machine, timed on its first call) where convtune measures, else as "rule" does; "rule" picks
+    by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen / dw_lanes_chosen; "direct",
+    "winograd", "flat", "gemm", "smallc", "dw_lanes" (depthwise with the channels in the lanes;
+    "direct" is the per-channel one) forces one (tests, benches)."""
     if GATHER_STRIDED_1X1 and w.shape[2:] == (1, 1) and tuple(attrs["strides"] or (1, 1)) != (1, 1) \
             and not any(attrs["pads"] or ()):
         # A strided 1x1 conv reads only every s-th pixel: it is the stride-1 conv of those
@@ -96,9 +100,12 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         y = conv2d(x.reshape(n, c, 1, h), w.reshape(m, cg, 1, kh), b, t, act, act_attrs, threads, cache, isa, algo)
         return y.reshape(n, m, y.shape[3], 1)
     x = np.ascontiguousarray(x)  # the kernels index a dense (N, C, H, W) block; a view may be strided
-    # A node's conv_gemm.c call, once planned for an input shape, skips the rule and the
-    # argument set-up (~8 us a call; YOLOv8n runs 63 convs). The cache belongs to one weight
-    # array (a node, or conv1d.py's per-weight packs), so the attributes are checked too.
+    tuned = ("tuned", x.shape, threads, isa)
+    if algo is None:
+        algo = cache.get(tuned)  # this node's measured choice (None: not measured yet)
+    # A node's call, once planned for an input shape (below), skips the rule and the argument
+    # set-up. The cache belongs to one weight array (a node, or conv1d.py's per-weight packs),
+    # so the attributes are checked too.
     key = ("plan", x.shape, threads, isa, algo, act)
     hit = cache.get(key)
     if hit is not None and (hit[0] is act_attrs or hit[0] == act_attrs) and hit[2] == attrs:
@@ -109,9 +116,9 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     begin, end, (ho, wo), (sh, sw), (dh, dw) = _window_pads(
         x.shape, [kh, kw], attrs["strides"], attrs["dilations"], attrs["pads"], attrs["auto_pad"])
     code, alpha, beta = act_params(act, act_attrs)
-    y = empty((n, m, ho, wo))
-    if y.size == 0:  # a zero dim (ONNX allows it): nothing to compute, and the kernels divide by ho*wo
-        return y
+    yshape = (n, m, ho, wo)
+    if 0 in yshape:  # a zero dim (ONNX allows it): nothing to compute, and the kernels divide by ho*wo
+        return empty(yshape)
     # Where one output row (column) is all there is, its stride is never applied, and end
     # padding past the last window is never read: both are dropped, exactly. The kernels lay out
     # the padded input (in stride phases): a stride or a padding of 2^31 asked them for
@@ -123,66 +130,117 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
                f"the conv's padded input ({c} x {h + begin[0] + end[0]} x {wd + begin[1] + end[1]}, strides {sh}, {sw})")
     flops = 2.0 * m * cg * kh * kw * ho * wo
     geo = (kh, kw, sh, sw, dh, dw, begin[0], begin[1])
+    if algo is None:
+        shape_key = (x.shape, w.shape, geo, tuple(end), group, threads, isa or native.ISA, act)
+        if group == c == m and cg == 1:  # depthwise: its two kernels, in time-equivalent FLOPs
+            cands, work = convtune.dw_candidates(begin), DW_FLOP_COST * flops
+        else:
+            cands, work = convtune.candidates(c, m, group, geo, ho, wo, begin, end), flops
+        algo, final = convtune.choose(shape_key, work, cands, lambda a: conv2d(
+            x, w, b, attrs, act, act_attrs, threads, cache, isa, a))
+        if final:
+            cache[tuned] = algo
+        else:  # not measured yet (a contended device): no plan, so a later call measures
+            key = None
+        if algo != "rule":
+            return conv2d(x, w, b, attrs, act, act_attrs, threads, cache, isa, algo)
+    if algo == "rule":
+        algo = None
+    # From here each branch plans its call: a function of x alone, kept in the node's cache
+    # for this input shape (`key`), so later calls skip the geometry, the checks and the rule
+    # (40-60 us a call on a 2-vCPU VM: most of a small conv's time; PP-OCR's classifier runs 53).
+    epi = (code, alpha, beta)
     if algo is None and group > 1 and cg >= GROUP_SPLIT_MIN and m // group >= GROUP_SPLIT_MIN:
-        return _wide_groups(x, w, b, attrs, act, act_attrs, threads, cache, isa, y)
+        dense = dict(attrs)
+        return _plan(cache, key, act_attrs, attrs, x, lambda x: _wide_groups(
+            x, w, b, dense, act, act_attrs, threads, cache, isa, empty(yshape)))
     if group == c == m and cg == 1:  # depthwise
-        if "dw" not in cache:
-            cache["dw"] = (np.ascontiguousarray(w.reshape(c, kh * kw)),
-                           np.ascontiguousarray(b, np.float32) if b is not None else np.zeros(c, np.float32))
-        wdw, bdw = cache["dw"]
         lanes = (algo == "dw_lanes" or algo is None and dw_lanes_chosen(c, wo, sw)) and min(begin) >= 0
-        # Bands are sized by time: a depthwise FLOP costs ~8 of a dense conv's (10 against 80
-        # GFLOP/s, memory-bound), so its channels split at 1/8 of the work. 2 threads, one
-        # model alternating with and without: MobileNetV2 0.88-0.94x, PP-LCNet 0.87-0.91x,
-        # MobileNetV3-L 0.91-0.96x, EfficientNet-B0 0.94-0.96x; ConvNeXt-T 0.97-1.05x (noise).
-        bands = _bands(c, threads, DW_FLOP_COST * flops)
-        # Pieces on a contended device: channel ranges cut at multiples of 8, where the lanes
-        # kernel's blocks of 8 channels fall in the whole call too (bit-identical).
-        cut = pieces.split(c, DW_FLOP_COST * flops / (PIECE_FLOPS * threads), unit=8, cal=cache) \
-            if pieces.wanted() else None
-        if threads > 1 and len(bands) > 1:  # channel bands on par.h's spinning pool
-            for i in range(n):
-                for c0, c1 in pieces.each(cut) if cut else [(0, c)]:
-                    chunks = len(bands) if c1 - c0 == c else max(1, min(len(bands), -(-(c1 - c0) // 8)))
-                    _check(LIB.npr_dwconv2d_mt(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo, code, alpha, beta,
-                                               ptr(y[i]), ho, wo, threads, chunks, int(lanes), c0, c1))
-            return y
-        dw_kernel = LIB.npr_dwconv2d_cl if lanes else LIB.npr_dwconv2d
-        for i in range(n):
-            for c0, c1 in pieces.each(cut) if cut else bands:
-                _check(dw_kernel(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo,
-                                 code, alpha, beta, ptr(y[i]), ho, wo, c0, c1))
-        return y
-    if algo is None and threads == 1 and blas_pointwise(c, m, group, geo, ho, wo):
-        return _gemm(x, w, b, geo, end, code, alpha, beta, y, cache)
+        return _plan(cache, key, act_attrs, attrs, x, lambda x: _depthwise(
+            x, empty(yshape), w, b, geo, epi, threads, cache, lanes, flops))
+    if algo is None and threads == 1 and sgemm_pointwise(c, m, group, geo, ho, wo):
+        return _plan(cache, key, act_attrs, attrs, x, lambda x: _gemm(
+            x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops))
     if algo == "flat" or (algo is None and min(*begin, *end) >= 0
                           and flat_chosen(c, m, group, geo, ho, wo, isa or native.ISA, threads)):
         if group != 1:
             raise BackendError(f"cpu conv: algo='flat' needs a dense conv (group 1), got group {group}")
-        run = _flat(x.shape, w, b, geo, code, alpha, beta, y.shape, threads, cache, isa or native.ISA, flops)
-        cache[key] = (act_attrs, run, dict(attrs))
-        return run(x)
-    # (1 thread only: at 2, OpenBLAS's own threads and the pool's fight over the cores, 5x slower)
+        return _plan(cache, key, act_attrs, attrs, x,
+                     _flat(x.shape, w, b, geo, *epi, yshape, threads, cache, isa or native.ISA, flops))
+    # (the rule: 1 thread only; more threads run _gemm on the library's pool, chosen where convtune
+    # measures it faster)
     if algo == "gemm" or (algo is None and threads == 1 and min(*begin, *end) >= 0
                           and gemm_chosen(c, m, group, geo, ho, wo)):
         if group != 1:
             raise BackendError(f"cpu conv: algo='gemm' needs a dense conv (group 1), got group {group}")
-        return _gemm(x, w, b, geo, end, code, alpha, beta, y, cache)
+        return _plan(cache, key, act_attrs, attrs, x, lambda x: _gemm(
+            x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops))
     if algo == "smallc" or (algo is None and min(*begin, *end) >= 0
                             and smallc_chosen(c, m, group, geo, isa or native.ISA)):
         if group != 1 or geo[2:6] != (1, 1, 1, 1) or min(*begin, *end) < 0:
             raise BackendError(f"cpu conv: algo='smallc' needs a stride-1 dilation-1 dense conv with pads >= 0, "
                                f"got weights {tuple(w.shape)}, group {group}, strides {(sh, sw)}, dilations {(dh, dw)}")
-        return _smallc(x, w, b, geo, code, alpha, beta, y, threads, cache, isa or native.ISA, flops)
+        return _plan(cache, key, act_attrs, attrs, x, lambda x: _smallc(
+            x, w, b, geo, *epi, empty(yshape), threads, cache, isa or native.ISA, flops))
     if algo == "winograd" or (algo is None and winograd.chosen(c, m, group, geo, ho, wo, isa or native.ISA)):
         if group != 1 or geo[:6] != (3, 3, 1, 1, 1, 1):
             raise BackendError(f"cpu conv: algo='winograd' needs a 3x3 stride-1 dilation-1 dense conv, "
                                f"got weights {tuple(w.shape)}, group {group}, strides {(sh, sw)}, dilations {(dh, dw)}")
-        return _winograd(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops)
+        return _plan(cache, key, act_attrs, attrs, x, lambda x: _winograd(
+            x, w, b, geo, *epi, empty(yshape), threads, cache, isa, flops))
+    return _plan(cache, key, act_attrs, attrs, x, lambda x: _direct(
+        x, empty(yshape), w, b, group, geo, epi, threads, cache, isa, flops))
+
+
+def _plan(cache, key, act_attrs, attrs, x, run):
+    """Keep `run` (x -> y) as this node's call for x's shape and these attributes (unless key
+    is None); run it."""
+    if key is not None:
+        cache[key] = (act_attrs, run, dict(attrs))
+    return run(x)
+
+
+def _depthwise(x, y, w, b, geo, epi, threads, cache, lanes, flops):
+    """Bands of channels on the threads, pieces of channels on a contended device."""
+    n, c, h, wd = x.shape
+    ho, wo = y.shape[2:]
+    kh, kw = geo[:2]
+    if "dw" not in cache:
+        cache["dw"] = (np.ascontiguousarray(w.reshape(c, kh * kw)),
+                       np.ascontiguousarray(b, np.float32) if b is not None else np.zeros(c, np.float32))
+    wdw, bdw = cache["dw"]
+    # Bands are sized by time: a depthwise FLOP costs ~8 of a dense conv's (10 against 80
+    # GFLOP/s, memory-bound), so its channels split at 1/8 of the work. 2 threads, one
+    # model alternating with and without: MobileNetV2 0.88-0.94x, PP-LCNet 0.87-0.91x,
+    # MobileNetV3-L 0.91-0.96x, EfficientNet-B0 0.94-0.96x; ConvNeXt-T 0.97-1.05x (noise).
+    bands = _bands(c, threads, DW_FLOP_COST * flops)
+    # Pieces on a contended device: channel ranges cut at multiples of 8, where the lanes
+    # kernel's blocks of 8 channels fall in the whole call too (bit-identical).
+    cut = pieces.split(c, DW_FLOP_COST * flops / (PIECE_FLOPS * threads), unit=8, cal=cache) \
+        if pieces.wanted() else None
+    if threads > 1 and len(bands) > 1:  # channel bands on par.h's spinning pool
+        for i in range(n):
+            for c0, c1 in pieces.each(cut) if cut else [(0, c)]:
+                chunks = len(bands) if c1 - c0 == c else max(1, min(len(bands), -(-(c1 - c0) // 8)))
+                _check(LIB.npr_dwconv2d_mt(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo, *epi,
+                                           ptr(y[i]), ho, wo, threads, chunks, int(lanes), c0, c1))
+        return y
+    dw_kernel = LIB.npr_dwconv2d_cl if lanes else LIB.npr_dwconv2d
+    for i in range(n):
+        for c0, c1 in pieces.each(cut) if cut else bands:
+            _check(dw_kernel(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo, *epi, ptr(y[i]), ho, wo, c0, c1))
+    return y
+
+
+def _direct(x, y, w, b, group, geo, epi, threads, cache, isa, flops):
+    """The implicit GEMM (conv.c): bands of output rows (of 64-pixel groups for a pointwise
+    conv, one flat row) on the threads, per image and group."""
+    n, c, h, wd = x.shape
+    m, ho, wo = y.shape[1:]
+    cg, mg = c // group, m // group
     if "packed" not in cache:
         cache["packed"] = pack(w, b, group)
     packed = cache["packed"]
-    mg = m // group
     kernel = native.conv2d_fn(isa)
     nt = int(y.nbytes >= STREAM_BYTES)
     # A pointwise conv sees each channel as one long row: whole tiles even on small images.
@@ -203,7 +261,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
                 for r0, r1 in pieces.each(cut):
                     # (a piece's rows on every thread: 2 parts each, as the spinning pool balances)
                     chunks = len(bands) if len(cut) == 1 else min(r1 - r0, 2 * threads)
-                    _check(mt(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo, code, alpha, beta,
+                    _check(mt(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo, *epi,
                               ptr(y[i, g * mg:]), ho, wo, nt, int(flat), threads, chunks, r0, r1))
         return y
     if len(cut) > len(bands):
@@ -216,10 +274,10 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         if flat:  # a band of the flat row: a pixel range, passed as a narrower image
             c0, c1 = r0 * 64, (ho * wo if r1 == rows else r1 * 64)
             xv, yv = x[i, g * cg:].reshape(-1), y[i, g * mg:].reshape(-1)
-            _check(_flat_band(kernel, xv, yv, c0, c1, cg, mg, ho * wo, wp, bp, code, alpha, beta, nt))
+            _check(_flat_band(kernel, xv, yv, c0, c1, cg, mg, ho * wo, wp, bp, *epi, nt))
             return
         _check(kernel(ptr(x[i, g * cg:]), cg, h, wd, ptr(wp), ptr(bp), mg, *geo,
-                      code, alpha, beta, ptr(y[i, g * mg:]), ho, wo, r0, r1, 0, nt))
+                      *epi, ptr(y[i, g * mg:]), ho, wo, r0, r1, 0, nt))
     _run(run, jobs, pieced=len(cut) > 1)
     return y
 
@@ -279,20 +337,21 @@ def flat_chosen(c: int, m: int, group: int, geo: tuple, ho: int, wo: int, isa: s
                 and ho * wo >= (1600 if threads == 1 else 1601))
 
 
-BLAS_POINTWISE_FLOATS = 1 << 19  # a pointwise conv's input over this (2 MB) goes to BLAS
+SGEMM_POINTWISE_FLOATS = 1 << 19  # a pointwise conv's input over this (2 MB) goes to the sgemm
 
 
-def blas_pointwise(c: int, m: int, group: int, geo: tuple, ho: int, wo: int) -> bool:
+def sgemm_pointwise(c: int, m: int, group: int, geo: tuple, ho: int, wo: int) -> bool:
     """A 1x1 stride-1 unpadded conv whose input matrix (C x H*W) outgrows L2 (and C >= 256) is
-    BLAS's sgemm on the input as it lies (no im2col): conv_gemm.c's flat kernel has no K
-    blocking and streams it from memory once per output-channel tile. Measured at 1 thread on
-    a 3x3 grid of C, M in 128..1024 and H*W in 256..4096: flat 19-48 against BLAS 66-133
-    GFLOP/s there (SegFormer's 1024 -> 256 on 64x64: 25 against ~140), equal below."""
-    return group == 1 and geo == (1, 1, 1, 1, 1, 1, 0, 0) and c >= 256 and c * ho * wo >= BLAS_POINTWISE_FLOATS
+    an sgemm (_gemm; its im2col is a copy): conv_gemm.c's flat kernel has no K blocking and
+    streams it from memory once per output-channel tile. Measured at 1 thread on a 3x3 grid of
+    C, M in 128..1024 and H*W in 256..4096 (AVX-512, when _gemm was NumPy's BLAS): flat 19-48
+    against BLAS 66-133 GFLOP/s there (SegFormer's 1024 -> 256 on 64x64: 25 against ~140),
+    equal below."""
+    return group == 1 and geo == (1, 1, 1, 1, 1, 1, 0, 0) and c >= 256 and c * ho * wo >= SGEMM_POINTWISE_FLOATS
 
 
 def gemm_chosen(c: int, m: int, group: int, geo: tuple, ho: int, wo: int) -> bool:
-    """im2col + BLAS sgemm for dense convs where the implicit GEMM's 4-channel x 1-3-vector
+    """im2col + sgemm (_gemm) for dense convs where the implicit GEMM's 4-channel x 1-3-vector
     tiles run short or gather: strided convs (the gather is scalar), and small images (a row of
     10-20 pixels fills one vector of a tile; Winograd pads a 10x10 image to 1.9x its work).
     Measured on YOLOv8n's shapes (docs/cpu.md, "Small images"): 0.46-0.9x the time of the
@@ -348,10 +407,16 @@ def _smallc(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
     return y
 
 
-def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache):
-    """y[i] = act([W | bias] @ [im2col(x[i]); 1]): the bias rides the GEMM as a row of ones;
-    one sgemm call per image (BLAS threads: the program's parallelism), then the activation
-    in place. im2col is one strided NumPy copy from a zero-padded image."""
+def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache, threads=1, flops=0.0):
+    """y[i] = act([W | bias] @ [im2col(x[i]); 1]): the bias rides the GEMM as a row of ones,
+    then the activation in place. im2col is one strided NumPy copy from a zero-padded image,
+    packed into the panels of transformer.c's sgemm (16 or 32 pixels each), which runs on the
+    library's pool (csrc/gemm_mt.c). Not NumPy's BLAS: its threads spin after a call and on
+    2 vCPUs took a core from the next kernel's pool workers (PP-OCRv4 det: a Winograd conv
+    right after BLAS convs ran 2x its time), and a product there has no preemption points.
+    The packed sgemm runs at BLAS's speed here (AVX2 EPYC: 31-37 GFLOP/s a thread, 50-73 on
+    two). Pieces on a contended device: ranges of panels (each computed as in the whole call,
+    so bit-identical)."""
     n, c, h, wd = x.shape
     m, ho, wo = y.shape[1:]
     kh, kw, sh, sw, dh, dw, pt, pl = geo
@@ -365,6 +430,12 @@ def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache):
     pb, pr = max(0, end[0]), max(0, end[1])
     bmat = np.empty((k + 1, ho * wo), np.float32)
     bmat[k] = 1
+    isa = native.ISA
+    nr = getattr(LIB, f"npr_gemm_nr_{isa}")()
+    panels = -(-(ho * wo) // nr)
+    bp = np.empty(panels * (k + 1) * nr, np.float32)
+    cut = pieces.split(panels, flops / n / (PIECE_FLOPS * threads), cal=cache) if pieces.wanted() \
+        else [(0, panels)]
     for i in range(n):
         if pt or pl or pb or pr:
             xp = np.zeros((c, h + pt + pb, wd + pl + pr), np.float32)
@@ -374,10 +445,19 @@ def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache):
         cs, rs, es = xp.strides
         view = np.lib.stride_tricks.as_strided(xp, (c, kh, kw, ho, wo), (cs, rs * dh, es * dw, rs * sh, es * sw))
         bmat[:k].reshape(c, kh, kw, ho, wo)[...] = view
+        getattr(LIB, f"npr_gemm_pack_{isa}")(ptr(bmat), ptr(bp), k + 1, ho * wo)
         yi = y[i].reshape(m, ho * wo)
-        np.matmul(wb, bmat, out=yi)
+        for p0, p1 in pieces.each(cut):
+            if threads > 1:
+                LIB.npr_gemm_range_mt(int(isa == "avx512"), ptr(wb), ptr(bp), ptr(yi), 0, 0, m, k + 1, ho * wo,
+                                      p0, p1, threads, min(threads, p1 - p0))
+            else:
+                getattr(LIB, f"npr_gemm_{isa}")(ptr(wb), ptr(bp), ptr(yi), 0, 0, m, k + 1, ho * wo, p0, p1)
         if code:
-            LIB.npr_activation(ptr(yi), ptr(yi), yi.size, code, alpha, beta)
+            if threads > 1:
+                LIB.npr_activation_mt(ptr(yi), ptr(yi), yi.size, code, alpha, beta, threads, threads)
+            else:
+                LIB.npr_activation(ptr(yi), ptr(yi), yi.size, code, alpha, beta)
     return y
 
 

@@ -50,11 +50,12 @@ def make_matmul_add(program):
 SMALL_FLOP = 1 << 20  # a smaller product: NumPy's dot (~1-2 us) beats a ctypes call + packing
 
 
-def linear_kernel(program, fallback):
+def linear_kernel(program, fallback, cache: dict | None = None):
     """The kernel of one matmul / matmul_add node whose weights `b` are a constant (K, N)
-    matrix: packed once (the cache is this node's) for the packed sgemm; a small product
-    (a 7-node MLP's 1 x 64 x 256) through NumPy's dot, the adds in place."""
-    cache: dict = {}
+    matrix: packed once for the packed sgemm (into `cache`: this node's, or one shared by the
+    nodes reading the same weight); a small product (a 7-node MLP's 1 x 64 x 256) through
+    NumPy's dot, the adds in place."""
+    cache = {} if cache is None else cache
 
     def linear(a, b, *adds):
         if a.dtype == np.float32 and b.dtype == np.float32 and 2 * a.size * b.shape[-1] < SMALL_FLOP \

@@ -1,0 +1,163 @@
+"""Which conv kernel, measured on this machine (the cuDNN `benchmark` idea, for the cpu backend).
+
+nativeconv's rules (`flat_chosen`, `gemm_chosen`, `winograd.chosen`, ...) were tuned on the
+machines this project was developed on, and the best kernel for a shape moves with the CPU: on
+an AVX2-only AMD EPYC (2 vCPUs, two 128-bit FMA pipes) ResNet-50's 3x3 convs over 14x14 and 7x7
+maps and its 1x1 convs ran 1.5-2.5x faster as im2col + sgemm than through the rule's implicit
+GEMM at 2 threads, where on the AVX-512 Xeon the rules came from the implicit and the
+flat-pixel GEMM win. So the first call of a conv of a new shape times the kernels that can run
+it, once each, then the close ones again (hot: the second round), and every later call of that
+shape, in any node of any program, runs the fastest. A rule that fits one machine becomes a
+measurement that fits each.
+
+Dense convs choose among the rule's pick, the implicit GEMM, the flat-pixel GEMM, im2col +
+sgemm and Winograd (where each applies); depthwise convs between their two kernels (8 channels
+in the lanes, or a channel's row). Not measured (the rule decides): other grouped convs (one
+kernel; groups >= 16 wide run as dense convs, each measured), convs under TUNE_MIN_FLOPS (a
+choice worth microseconds, timed in noise), convs over TUNE_MAX_FLOPS (ESPCN's 4K layers: the
+rule was tuned on them, and ten extra runs of a 100 ms conv are a second of start-up), and any
+call while the device is contended (pieces.wanted(): the timings would measure the other
+task; measured on a later call). `NPURUN_CONV_TUNE=0` keeps the rules alone.
+
+Kernels differ in rounding, so a choice that flipped from one process to the next (two
+kernels within the timing noise) would make the same model give outputs that differ in the
+last bits between two runs of `npurun run`. So the choices are kept in a file per user,
+`~/.cache/npurun/convtune.json` (`NPURUN_CONV_TUNE_FILE` elsewhere), under this machine's
+name: a shape measured once is run with that kernel by every later process on this machine
+(which also skips the measuring: a server's restart starts as fast as before). A kernel
+replaces the rule's pick only when it is at least MARGIN faster, so a near-tie keeps the rule.
+A missing, unreadable or foreign file is measured afresh and rewritten (atomically);
+`choices()` lists this process's view (tests, bench/convtune_ab.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from ...util import atomic_write, cpu_model
+from .. import pieces
+
+TUNE_MIN_FLOPS = 2e6     # ~50 us at the slow end: below, any kernel will do
+TUNE_MAX_FLOPS = 2e9     # ~50 ms at 40 GFLOP/s: above, the rule
+GEMM_MAX_BYTES = 64 << 20  # im2col's matrix (the gemm candidate) at most this big
+CLOSE = 1.5              # candidates within this of the first round's best are timed again
+MARGIN = 0.9             # another kernel replaces the rule's pick at <= this x its time
+
+_choices: dict[str, str] = {}   # repr(shape key) -> algo; this process's view of the file
+_loaded: list = []              # the file's path once read
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get("NPURUN_CONV_TUNE", "1") != "0"
+
+
+def path() -> Path:
+    return Path(os.environ.get("NPURUN_CONV_TUNE_FILE") or Path.home() / ".cache" / "npurun" / "convtune.json")
+
+
+def machine() -> str:
+    """What the choices depend on: the CPU's model and count and the kernels' ISA (the key
+    holds the thread count)."""
+    from . import native
+    return f"{cpu_model()} / {os.cpu_count()} cpus / {native.ISA}"
+
+
+def _file(p: Path) -> dict:
+    """The file's contents, {"machines": {machine: {key: algo}}}, with anything else in it
+    (unreadable, another shape, a non-string algo) left out."""
+    try:
+        data = json.loads(p.read_text())
+        machines = data["machines"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"machines": {}}
+    if not isinstance(machines, dict):
+        return {"machines": {}}
+    return {"machines": {m: {k: v for k, v in got.items() if isinstance(v, str)}
+                         for m, got in machines.items() if isinstance(got, dict)}}
+
+
+def _load() -> None:
+    p = path()
+    if _loaded != [p]:
+        _choices.clear()
+        _choices.update(_file(p)["machines"].get(machine(), {}))
+        _loaded[:] = [p]
+
+
+def _save(key: str, algo: str) -> None:
+    """Add one choice to the file: read, merge, write atomically (another process may have
+    added its own meanwhile). A file that cannot be written leaves the choice in memory."""
+    p = path()
+    data = _file(p)
+    data["machines"].setdefault(machine(), {})[key] = algo
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(p, json.dumps(data, indent=1, sort_keys=True).encode())
+    except OSError:
+        pass
+
+
+def choices() -> dict[str, str]:
+    """Every choice known to this process (measured here or read from the file): repr(shape
+    key) -> algo ("rule": the rule's pick)."""
+    with _lock:
+        _load()
+        return dict(_choices)
+
+
+def candidates(c, m, group, geo, ho, wo, begin, end) -> list[str]:
+    """The kernels that can run this dense conv: the rule's own pick ("rule") first, then each
+    forced algorithm whose preconditions (nativeconv.conv2d's) hold."""
+    if group != 1:
+        return []
+    kh, kw = geo[:2]
+    out = ["rule", "direct"]
+    if min(*begin, *end) >= 0:
+        out.append("flat")
+        if 4 * (c * kh * kw + 1) * ho * wo <= GEMM_MAX_BYTES:
+            out.append("gemm")
+    if geo[:6] == (3, 3, 1, 1, 1, 1) and min(c, m) >= 8:
+        out.append("winograd")
+    return out
+
+
+def dw_candidates(begin) -> list[str]:
+    """A depthwise conv's kernels: the per-channel one ("direct") and, where no pad is negative,
+    the one with 8 channels in the lanes (dwconv_cl.c)."""
+    return ["rule", "direct", "dw_lanes"] if min(begin) >= 0 else []
+
+
+def choose(key: tuple, flops: float, cands: list, run) -> tuple[str, bool]:
+    """The algo for conv shape `key` and whether that is final: measured once per process
+    (`run(algo)` computes the conv with that algo); "rule" where this conv is not measured
+    (final), or not now (a contended device: not final, measured on a later call)."""
+    if len(cands) < 2 or not TUNE_MIN_FLOPS <= flops <= TUNE_MAX_FLOPS or not enabled():
+        return "rule", True
+    k = repr(key)
+    with _lock:
+        _load()
+        if k in _choices:
+            return _choices[k], True
+    if pieces.wanted():
+        return "rule", False
+    first = {a: _time(run, a) for a in cands}
+    best = min(first.values())
+    close = [a for a in cands if first[a] <= CLOSE * best]
+    second = {a: _time(run, a) for a in close} if len(close) > 1 else first
+    pick = min(second, key=second.get)
+    if "rule" in second and second[pick] > MARGIN * second["rule"]:
+        pick = "rule"  # a near-tie: not worth a change of kernel (and of rounding)
+    with _lock:
+        _choices[k] = pick
+        _save(k, pick)
+    return pick, True
+
+
+def _time(run, algo) -> float:
+    t0 = time.perf_counter()
+    run(algo)
+    return time.perf_counter() - t0

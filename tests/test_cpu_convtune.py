@@ -1,0 +1,205 @@
+"""Conv kernels chosen by measurement (npurun/backends/cpu/convtune.py), and the im2col + packed
+sgemm kernel that is one of the candidates, against the reference conv on fresh random inputs.
+Timings are never asserted: the choice is driven by a fake clock where a test needs a given one."""
+
+import json
+
+import numpy as np
+import pytest
+
+from npurun.backends import pieces
+from npurun.backends.cpu import convtune, native, nativeconv
+from npurun.backends.reference.kernels import KERNELS
+
+from conftest import nonzero_normal
+from test_cpu_native import FLAT_CONVS, _attrs, check_conv
+
+pytestmark = pytest.mark.skipif(native.LIB is None, reason=f"compiled kernels unavailable: {native.REASON}")
+
+# im2col reads a zero-padded copy: convs with negative pads (crops) are not its job
+GEMM_CONVS = [c for c in FLAT_CONVS if min(c[2].get("pads", [0])) >= 0]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(GEMM_CONVS)))
+def test_gemm_conv_matches_reference(case, threads, rng):
+    """algo="gemm": NumPy's BLAS at 1 thread; at 2 the packed sgemm on the library's pool, the
+    im2col matrix packed into its panels each call, then the activation."""
+    xs, ws, a = GEMM_CONVS[case]
+    x = nonzero_normal(rng, xs)
+    w = nonzero_normal(rng, ws) * 0.3
+    b = nonzero_normal(rng, ws[:1])
+    check_conv("gemm", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, None,
+               acts=(None, "relu", "silu", "clip"))
+
+
+TUNED = [  # big enough to be measured, each with several candidates
+    ((1, 32, 20, 20), (48, 32, 3, 3), {"pads": [1, 1, 1, 1]}),   # 3x3: + winograd
+    ((1, 64, 14, 14), (96, 64, 1, 1), {}),                        # 1x1
+    ((1, 16, 41, 39), (24, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+]
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """An empty table of choices in a file of its own, tuning on, the device not contended."""
+    monkeypatch.setattr(convtune, "_choices", {})
+    monkeypatch.setattr(convtune, "_loaded", [])
+    monkeypatch.setenv("NPURUN_CONV_TUNE_FILE", str(tmp_path / "tune.json"))
+    monkeypatch.delenv("NPURUN_CONV_TUNE", raising=False)
+    monkeypatch.setattr(pieces, "wanted", lambda: False)
+    return tmp_path / "tune.json"
+
+
+def new_process(monkeypatch):
+    """What another process sees: nothing in memory, the file on disk."""
+    monkeypatch.setattr(convtune, "_choices", {})
+    monkeypatch.setattr(convtune, "_loaded", [])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(TUNED)))
+def test_tuned_conv_measures_once_and_runs_its_pick(case, threads, rng, fresh, monkeypatch):
+    xs, ws, a = TUNED[case]
+    x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])
+    timed = []
+    real = convtune._time
+    monkeypatch.setattr(convtune, "_time", lambda run, algo: timed.append(algo) or real(run, algo))
+    cache = {}
+    y1 = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, threads, cache)
+    (key, pick), = convtune.choices().items()
+    assert timed[:len(set(timed))] == list(dict.fromkeys(timed)) and len(set(timed)) >= 3  # every candidate, once first
+    assert pick in timed
+    n = len(timed)
+    y2 = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, threads, {})  # another node of the shape
+    assert len(timed) == n  # no second measurement
+    forced = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, threads, {}, algo=pick)
+    np.testing.assert_array_equal(y1, forced)
+    np.testing.assert_array_equal(y2, forced)
+    want = np.maximum(KERNELS["conv"](x, w, b, **_attrs(a)), 0)
+    # (Winograd's transforms round more than a direct sum: its test's bound, 3e-5 of the largest)
+    np.testing.assert_allclose(y1, want, rtol=1e-4, atol=3e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("fastest", ["gemm", "flat", "direct", "winograd"])
+def test_the_fastest_candidate_is_picked(fastest, rng, fresh, monkeypatch):
+    """A fake clock: `fastest` takes 1, the rule's pick 1.4 (timed again: within 1.5x), the
+    rest 5 (not timed a second time)."""
+    xs, ws, a = TUNED[0]
+    x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])
+    seen = []
+
+    def fake(run, algo):
+        seen.append(algo)
+        return 1.0 if algo == fastest else 1.4 if algo == "rule" else 5.0
+    monkeypatch.setattr(convtune, "_time", fake)
+    cache = {}
+    y = nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, cache)
+    assert list(convtune.choices().values()) == [fastest]
+    assert seen.count("direct") == (2 if fastest == "direct" else 1)  # 5 > 1.5 x 1: not again
+    assert seen.count("rule") == 2 and seen.count(fastest) == 2
+    np.testing.assert_array_equal(y, nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, {}, algo=fastest))
+    if fastest == "gemm":
+        assert "gemm" in cache  # the node's later calls run it (its packed weights are there)
+
+
+def test_not_measured_when_off_contended_or_out_of_range(rng, fresh, monkeypatch):
+    xs, ws, a = TUNED[1]
+    x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])
+    rule = nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, {}, algo="rule")
+    monkeypatch.setenv("NPURUN_CONV_TUNE", "0")
+    np.testing.assert_array_equal(nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, {}), rule)
+    assert convtune.choices() == {}
+    monkeypatch.delenv("NPURUN_CONV_TUNE")
+    monkeypatch.setattr(pieces, "wanted", lambda: True)  # another task on the device
+    cache = {}
+    np.testing.assert_array_equal(nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, cache), rule)
+    assert convtune.choices() == {} and not any(k[0] == "tuned" for k in cache if isinstance(k, tuple))
+    monkeypatch.setattr(pieces, "wanted", lambda: False)  # ... gone: measured on the next call
+    nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, cache)
+    assert len(convtune.choices()) == 1
+    new_process(monkeypatch)
+    fresh.unlink()
+    monkeypatch.setattr(convtune, "TUNE_MIN_FLOPS", 1e12)  # too small to matter: the rule, for good
+    cache = {}
+    np.testing.assert_array_equal(nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, cache), rule)
+    assert convtune.choices() == {} and cache[("tuned", xs, 1, None)] == "rule"
+
+
+def test_depthwise_convs_choose_between_their_kernels_grouped_ones_are_not_measured(rng, fresh, monkeypatch):
+    monkeypatch.setattr(convtune, "TUNE_MIN_FLOPS", 0)
+    xs, ws, a = ((1, 32, 20, 20), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]})
+    x, w = nonzero_normal(rng, xs), nonzero_normal(rng, ws)
+    want = KERNELS["conv"](x, w, None, **_attrs(a))
+    for fastest in ("dw_lanes", "direct"):
+        new_process(monkeypatch)
+        fresh.unlink(missing_ok=True)
+        seen = fake_clock(monkeypatch, {"rule": 1.0, fastest: 0.5})
+        y = nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 1, {})
+        assert set(seen) == {"rule", "direct", "dw_lanes"} and list(convtune.choices().values()) == [fastest]
+        np.testing.assert_array_equal(y, nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 1, {}, algo=fastest))
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=2e-5)
+    new_process(monkeypatch)
+    fresh.unlink()
+    xs, ws, a = ((1, 16, 20, 20), (16, 4, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]})
+    x, w = nonzero_normal(rng, xs), nonzero_normal(rng, ws)
+    y = nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 1, {})
+    np.testing.assert_allclose(y, KERNELS["conv"](x, w, None, **_attrs(a)), rtol=1e-4, atol=2e-5)
+    assert convtune.choices() == {}
+
+
+def test_candidates_follow_each_kernels_preconditions():
+    g3 = (3, 3, 1, 1, 1, 1, 1, 1)
+    assert convtune.candidates(32, 32, 1, g3, 20, 20, [1, 1], [1, 1]) == ["rule", "direct", "flat", "gemm", "winograd"]
+    assert convtune.candidates(32, 32, 1, g3, 20, 20, [-1, 1], [1, 1]) == ["rule", "direct", "winograd"]  # a crop
+    assert "winograd" not in convtune.candidates(32, 32, 1, (3, 3, 2, 2, 1, 1, 1, 1), 10, 10, [1, 1], [0, 0])
+    assert convtune.candidates(32, 32, 2, g3, 20, 20, [1, 1], [1, 1]) == []  # grouped
+    big = convtune.candidates(512, 64, 1, g3, 400, 400, [1, 1], [1, 1])  # im2col of 2.9 GB
+    assert "gemm" not in big and "flat" in big
+    assert convtune.dw_candidates([1, 1]) == ["rule", "direct", "dw_lanes"]
+    assert convtune.dw_candidates([0, -1]) == []  # a crop: the per-channel kernel alone
+
+
+def fake_clock(monkeypatch, times: dict):
+    seen = []
+    monkeypatch.setattr(convtune, "_time", lambda run, algo: seen.append(algo) or times.get(algo, 5.0))
+    return seen
+
+
+def test_a_near_tie_keeps_the_rule(rng, fresh, monkeypatch):
+    xs, ws, a = TUNED[0]
+    x, w = nonzero_normal(rng, xs), nonzero_normal(rng, ws)
+    fake_clock(monkeypatch, {"rule": 1.0, "gemm": 0.95})  # 5% faster: within MARGIN
+    nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 1, {})
+    assert list(convtune.choices().values()) == ["rule"]
+
+
+def test_choices_persist_for_later_processes(rng, fresh, monkeypatch):
+    """The same kernel in every later process of this machine (no rounding that changes from
+    one run to the next), without measuring again; another machine's entries are not used."""
+    xs, ws, a = TUNED[1]
+    x, w = nonzero_normal(rng, xs), nonzero_normal(rng, ws)
+    fake_clock(monkeypatch, {"rule": 1.0, "flat": 0.5})
+    y = nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 2, {})
+    data = json.loads(fresh.read_text())
+    assert list(data["machines"][convtune.machine()].values()) == ["flat"]
+    new_process(monkeypatch)
+    seen = fake_clock(monkeypatch, {"rule": 1.0, "gemm": 0.1})  # would pick gemm if it measured
+    np.testing.assert_array_equal(nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 2, {}), y)
+    assert seen == []
+    data["machines"] = {"another CPU": data["machines"][convtune.machine()]}
+    fresh.write_text(json.dumps(data))
+    new_process(monkeypatch)
+    nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 2, {})
+    assert seen and list(convtune.choices().values()) == ["gemm"]
+    assert set(json.loads(fresh.read_text())["machines"]) == {"another CPU", convtune.machine()}
+
+
+@pytest.mark.parametrize("junk", ["", "{", "[1, 2]", '{"machines": 3}', '{"machines": {"%s": {"k": 1}}}'])
+def test_a_damaged_file_is_measured_afresh_and_rewritten(junk, rng, fresh, monkeypatch):
+    fresh.write_text(junk.replace("%s", convtune.machine()))
+    xs, ws, a = TUNED[1]
+    x, w = nonzero_normal(rng, xs), nonzero_normal(rng, ws)
+    fake_clock(monkeypatch, {"rule": 1.0, "direct": 0.5})
+    nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 1, {})
+    assert list(json.loads(fresh.read_text())["machines"][convtune.machine()].values()) == ["direct"]
