@@ -103,6 +103,28 @@ def test_the_fastest_candidate_is_picked(fastest, rng, fresh, monkeypatch):
         assert "gemm" in cache  # the node's later calls run it (its packed weights are there)
 
 
+@pytest.mark.parametrize("fastest", ["gemm", "flat", "winograd"])
+def test_only_the_pick_keeps_its_packed_weights(fastest, rng, fresh, monkeypatch):
+    """Every candidate runs (and packs its weights) while measured; the node's cache keeps the
+    winner's packs only, and its later calls are the winner's."""
+    xs, ws, a = TUNED[0]
+    x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])
+    ran = []
+
+    def fake(run, algo):
+        run(algo)
+        ran.append(algo)
+        return 1.0 if algo == fastest else 1.4 if algo == "rule" else 5.0
+    monkeypatch.setattr(convtune, "_time", fake)
+    cache = {}
+    y = nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, cache)
+    assert {"gemm", "flat", "winograd"} <= set(ran)
+    packs = {k if isinstance(k, str) else k[0] for k in cache if k[0] not in ("plan", "tuned")}
+    assert packs == {{"gemm": "gemm", "flat": "flat", "winograd": "wino"}[fastest]}
+    np.testing.assert_array_equal(y, nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, {}, algo=fastest))
+    np.testing.assert_array_equal(y, nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, cache))
+
+
 def test_not_measured_when_off_contended_or_out_of_range(rng, fresh, monkeypatch):
     xs, ws, a = TUNED[1]
     x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])

@@ -92,6 +92,8 @@ def test_gemm_by_a_constant_weight_matches_reference(rng, m, k, n, trans_a, tran
     got, want = kern(*args, **attrs), REF["gemm"](*args, **attrs)
     assert got.shape == want.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * max(1.0, float(np.abs(want).max())))
+    if alpha == 1.0 and m == 200:  # packed: from the graph's weight (a view), no transposed copy kept
+        assert np.shares_memory(kern.cache["b"], w)
 
 
 @pytest.mark.parametrize("eq,sa,sb", [

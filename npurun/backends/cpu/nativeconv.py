@@ -136,8 +136,14 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
             cands, work = convtune.dw_candidates(begin), DW_FLOP_COST * flops
         else:
             cands, work = convtune.candidates(c, m, group, geo, ho, wo, begin, end), flops
+        # Each candidate plans and packs into a scratch copy of the cache, and only the
+        # winner's is kept: the losers' packed weights would otherwise stay for good (a
+        # CRNN's 3x3 convs held winograd, direct, flat and im2col packs side by side).
+        scratch: dict = {}
         algo, final = convtune.choose(shape_key, work, cands, lambda a: conv2d(
-            x, w, b, attrs, act, act_attrs, threads, cache, isa, a))
+            x, w, b, attrs, act, act_attrs, threads, scratch.setdefault(a, dict(cache)), isa, a))
+        cache.update(scratch.get(algo, ()))
+        del scratch
         if final:
             cache[tuned] = algo
         else:  # not measured yet (a contended device): no plan, so a later call measures

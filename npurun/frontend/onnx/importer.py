@@ -21,6 +21,7 @@ from ...ir.graph import Graph, Value
 from ...ir.ops.shape import MAX_RANK
 from ...ir.shapes import SYMBOL, UNKNOWN
 from ...ir.verify import verify
+from . import wire
 from .context import ConvertError, Ctx
 from .converters import find
 from .dtypes import ir_dtype
@@ -32,11 +33,25 @@ SMALL_CONST = 64  # constants up to this many elements are copied into the regio
 
 def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     """Parse an ONNX file (and its external data), turning every failure into a ModelError."""
+    return _read(path, weights=False)[0]
+
+
+def _read(path, weights: bool) -> tuple[onnx.ModelProto, dict]:
+    """The parsed model, and with `weights` its main graph's plain initializers read straight
+    into arrays ({index: array}; see wire.py) instead of into the message."""
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"{path}: no such file")
+    arrays: dict = {}
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = None
+        if weights:
+            try:
+                model, arrays = wire.read(path)
+            except (wire.WireError, DecodeError, OSError, ValueError):
+                model = None  # not what wire.py reads: protobuf's full parse gives the verdict
+        if model is None:
+            model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
         raise ModelError(f"{path}: not a valid ONNX model (protobuf parse failed: {e})") from None
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
@@ -48,7 +63,7 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     except (OSError, ValueError, RuntimeError, onnx.checker.ValidationError) as e:
         # (RuntimeError: onnx's C++ path checks, e.g. "File name too long")
         raise ModelError(f"{path}: cannot load external weights ({e})") from None
-    return model
+    return model, arrays
 
 
 def _check_tensors(model: onnx.ModelProto, path) -> None:
@@ -65,7 +80,7 @@ def _check_tensors(model: onnx.ModelProto, path) -> None:
                 need = _raw_bytes(t.data_type, n)
             except ModelError as e:
                 raise ModelError(f"{path}: initializer {t.name!r}: {e}") from None
-            if len(t.raw_data) != need:
+            if len(t.raw_data) != need:  # (a copy of the bytes, for the tensors wire.py left)
                 raise ModelError(f"{path}: initializer {t.name!r} claims shape {list(t.dims)} "
                                  f"({need} bytes) but holds {len(t.raw_data)} bytes")
 
@@ -283,8 +298,9 @@ def _subgraphs(node):
 class _Importer:
     """One model's conversion: the opsets it imports, where it came from, symbol names."""
 
-    def __init__(self, model: onnx.ModelProto, where: str):
+    def __init__(self, model: onnx.ModelProto, where: str, weights: dict | None = None):
         self.model, self.where = model, where
+        self.weights = weights or {}  # main graph's initializers read by wire.py, by index
         self.opsets = _opsets(model)
         self.syms: dict = {}
 
@@ -312,9 +328,10 @@ class _Importer:
         values (which it may read) and `input_types` the types its owner gives its inputs."""
         where = self.where
         g = Graph(name=re.sub(r"[^A-Za-z0-9_.\-/]", "_", name) or "main", source=where)
-        for t in og.initializer:
+        read = self.weights if outer is None else {}  # (regions are never the main graph)
+        for k, t in enumerate(og.initializer):
             try:
-                g.const(t.name, numpy_helper.to_array(t))
+                g.const(t.name, read[k] if k in read else numpy_helper.to_array(t))
             except (ValueError, TypeError) as e:
                 raise ModelError(f"{where}: initializer {t.name!r} cannot be read ({e})") from None
         for k, vi in enumerate(og.input):
@@ -375,15 +392,15 @@ class _Importer:
 
 def import_model(model: onnx.ModelProto | str | os.PathLike, *, name: str | None = None) -> Graph:
     """Convert an ONNX model (a ModelProto or a path) into a verified NPU-IR graph."""
-    where = "<onnx model>"
+    where, weights = "<onnx model>", None
     if not isinstance(model, onnx.ModelProto):
         where = str(model)
-        model = load_onnx(model)
+        model, weights = _read(model, weights=True)
     _check_names(model.graph, where)
     for o in model.opset_import:
         if isinstance(o.domain, bytes):
             raise ModelError(f"{where}: opset domain {o.domain!r} is not valid UTF-8")
-    imp = _Importer(model, where)
+    imp = _Importer(model, where, weights)
     imp.check_supported(model.graph)
     return verify(imp.convert(model.graph, name or model.graph.name or "main"))
 

@@ -81,8 +81,10 @@ def gemm_kernel(program, node, graph, fallback):
     w = graph.values[node.inputs[1]].data
     if w is None or w.dtype != np.float32 or w.ndim != 2:
         return fallback
-    bt = np.ascontiguousarray((w.T if a_["trans_b"] else w) * np.float32(a_["alpha"]) if a_["alpha"] != 1.0
-                              else (w.T if a_["trans_b"] else w))
+    # A view where alpha is 1: the packed sgemm packs from it (a transposed copy would stay
+    # beside the graph's weight and the packed panels: a third copy of every Gemm weight).
+    bt = (w.T if a_["trans_b"] else w) * np.float32(a_["alpha"]) if a_["alpha"] != 1.0 \
+        else (w.T if a_["trans_b"] else w)
     cname = node.inputs[2] if len(node.inputs) > 2 else ""
     cv = graph.values[cname].data if cname else None
     beta, trans_a = a_["beta"], a_["trans_a"]

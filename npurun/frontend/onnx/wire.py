@@ -1,0 +1,169 @@
+"""Read an ONNX file's weights straight into their arrays, without a protobuf copy of them.
+
+`onnx.load` parses the whole file into one protobuf message, weights included, and
+`numpy_helper.to_array` then copies each weight out of it: for a moment the process holds every
+weight twice (BERT-base: peak RSS 896 MB for 440 MB of weights, where ONNX Runtime peaks at
+697), and the freed protobuf memory mostly stays with the allocator afterwards (LeViT-128S:
+73 MB resident after loading 31 MB of weights).
+
+Here the file is scanned at the protobuf wire level (the encoding is public and stable:
+https://protobuf.dev/programming-guides/encoding/): the `raw_data` field of each initializer of
+the main graph is left out of the bytes handed to protobuf, and its span in the file is read
+into a fresh (aligned) NumPy array instead. Only element types whose raw bytes are their
+NumPy layout are taken this way; any other tensor (strings, 4- and 2-bit types, data held in
+typed fields, external data) stays in the message for `numpy_helper.to_array`, as before.
+"""
+from __future__ import annotations
+
+import mmap
+import sys
+
+import numpy as np
+import onnx
+
+# ModelProto.graph, GraphProto.initializer, TensorProto.{dims, data_type, raw_data, data_location}
+_GRAPH, _INITIALIZER, _DIMS, _DATA_TYPE, _RAW, _LOCATION = 7, 5, 1, 2, 9, 14
+_LEN = 2  # wire type of length-delimited fields (messages, bytes, packed repeated scalars)
+# Element types whose raw_data is exactly the little-endian NumPy array of their dtype.
+_PLAIN = {onnx.TensorProto.FLOAT, onnx.TensorProto.UINT8, onnx.TensorProto.INT8,
+          onnx.TensorProto.UINT16, onnx.TensorProto.INT16, onnx.TensorProto.INT32,
+          onnx.TensorProto.INT64, onnx.TensorProto.BOOL, onnx.TensorProto.FLOAT16,
+          onnx.TensorProto.DOUBLE, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64,
+          onnx.TensorProto.BFLOAT16}
+
+
+class WireError(ValueError):
+    """The bytes are not the protobuf encoding this reader expects (the caller falls back)."""
+
+
+def _varint(buf, i: int, end: int) -> tuple[int, int]:
+    out = shift = 0
+    while True:
+        if i >= end or shift > 63:
+            raise WireError("truncated varint")
+        b = buf[i]
+        i += 1
+        out |= (b & 0x7F) << shift
+        if b < 0x80:
+            return out, i
+        shift += 7
+
+
+def _encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _fields(buf, i: int, end: int):
+    """(field number, wire type, start of the field's tag, start of its payload, end) for each
+    field of the message in buf[i:end]."""
+    while i < end:
+        start = i
+        key, i = _varint(buf, i, end)
+        field, wt = key >> 3, key & 7
+        if wt == 0:
+            _, j = _varint(buf, i, end)
+        elif wt == 1:
+            j = i + 8
+        elif wt == 5:
+            j = i + 4
+        elif wt == _LEN:
+            n, i = _varint(buf, i, end)
+            j = i + n
+        else:  # groups (3, 4) are deprecated and never written by onnx
+            raise WireError(f"wire type {wt}")
+        if j > end:
+            raise WireError("field runs past its message")
+        yield field, wt, start, i, j
+        i = j
+
+
+def _tensor(buf, i: int, end: int):
+    """One initializer's bytes without its raw_data, and the span of that raw_data (or None
+    where the tensor is not one this reader takes)."""
+    dtype, raw, external, parts = None, None, False, []
+    for field, wt, start, p, j in _fields(buf, i, end):
+        if field == _DATA_TYPE and wt == 0:
+            dtype = _varint(buf, p, j)[0]
+        elif field == _LOCATION and wt == 0:
+            external = _varint(buf, p, j)[0] == onnx.TensorProto.EXTERNAL
+        if field == _RAW and wt == _LEN:
+            raw = (p, j)  # the last one wins, as in protobuf
+            continue
+        parts.append((start, j))
+    if raw is None or external or dtype not in _PLAIN:
+        return None, None
+    return b"".join(buf[a:b] for a, b in parts), raw
+
+
+def _message(tag: int, body: bytes) -> bytes:
+    return _encode_varint(tag << 3 | _LEN) + _encode_varint(len(body)) + body
+
+
+def strip(buf) -> tuple[bytes, list]:
+    """The model's bytes with the raw_data of the main graph's plain initializers left out,
+    and per initializer (in order) its raw_data's (start, end) in buf, or None if it kept it."""
+    out, spans = [], []
+    for field, wt, start, p, j in _fields(buf, 0, len(buf)):
+        if field != _GRAPH or wt != _LEN:
+            out.append(buf[start:j])
+            continue
+        graph = []
+        for f2, wt2, s2, p2, j2 in _fields(buf, p, j):
+            if f2 == _INITIALIZER and wt2 == _LEN:
+                body, raw = _tensor(buf, p2, j2)
+                spans.append(raw)
+                if raw is not None:
+                    graph.append(_message(_INITIALIZER, body))
+                    continue
+            graph.append(buf[s2:j2])
+        out.append(_message(_GRAPH, b"".join(graph)))
+    return b"".join(out), spans
+
+
+def read(path) -> tuple[onnx.ModelProto, dict]:
+    """The model without the raw bytes of its main graph's plain initializers, and those
+    initializers as arrays: {index in graph.initializer: array}. Raises WireError (or
+    protobuf's DecodeError) where the file is not a protobuf this reader can take, or holds a
+    tensor whose shape and bytes disagree: the caller then parses it the usual way, whose
+    checks say what is wrong."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            raise WireError("empty file")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            stripped, spans = strip(mm)
+        model = onnx.ModelProto()
+        model.ParseFromString(stripped)
+        del stripped
+        if len(spans) != len(model.graph.initializer):
+            raise WireError("initializers counted differently from protobuf")
+        # Read with read(), not through the mapping: pages touched through a mapping count in
+        # this process's resident set (beside the arrays they are copied to) until unmapped.
+        arrays = {k: _array(t, f, span) for k, (t, span) in enumerate(zip(model.graph.initializer, spans))
+                  if span is not None}
+    return model, arrays
+
+
+def _array(t, f, span) -> np.ndarray:
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+    a, b = span
+    n = 1
+    for d in t.dims:
+        n *= d
+    if any(d < 0 for d in t.dims) or n * dtype.itemsize != b - a:
+        raise WireError(f"initializer {t.name!r}: shape and bytes disagree")  # (the caller's full parse says how)
+    arr = np.empty(tuple(t.dims), dtype)
+    out = memoryview(arr.reshape(-1).view(np.uint8))  # (bytes: bfloat16 has no buffer format)
+    f.seek(a)
+    done = 0
+    while done < len(out):
+        got = f.readinto(out[done:])
+        if not got:
+            raise WireError("file shorter than its tensors")
+        done += got
+    return arr if sys.byteorder == "little" else arr.astype(dtype.newbyteorder("="))
