@@ -125,6 +125,20 @@ def test_only_the_pick_keeps_its_packed_weights(fastest, rng, fresh, monkeypatch
     np.testing.assert_array_equal(y, nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, cache))
 
 
+def test_each_candidate_runs_once_untimed_before_it_is_timed(fresh, monkeypatch):
+    """A candidate's first call packs its weights (and may start the pool): never timed."""
+    events = []
+
+    def fake(run, algo):
+        events.append(("timed", algo))
+        return {"rule": 3.0, "direct": 1.0, "flat": 2.0}[algo]
+    monkeypatch.setattr(convtune, "_time", fake)
+    pick, final = convtune.choose(("k",), 1e7, ["rule", "direct", "flat"], lambda a: events.append(("ran", a)))
+    assert (pick, final) == ("direct", True)
+    assert events[:6] == [("ran", "rule"), ("timed", "rule"), ("ran", "direct"), ("timed", "direct"),
+                          ("ran", "flat"), ("timed", "flat")]
+
+
 def test_not_measured_when_off_contended_or_out_of_range(rng, fresh, monkeypatch):
     xs, ws, a = TUNED[1]
     x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])
