@@ -17,6 +17,7 @@ import numpy as np
 
 from .dtypes import to_numpy
 from .shapes import Dim, format_shape, numel
+from .stored import Stored
 
 DEFAULT_SPACE = "DRAM0"
 # Memory spaces a value may live in. Later layers (memory planning, devices) register more.
@@ -30,21 +31,48 @@ def register_memory_space(name: str, description: str) -> None:
 KINDS = ("tensor", "seq", "opt", "opt seq")
 
 
-@dataclass(eq=False)
+_UNSET = object()
+
+
+@dataclass(eq=False, init=False)
 class Value:
     name: str
     shape: tuple[Dim, ...] | None  # None: rank unknown (see shapes.py)
     dtype: str
     space: str = DEFAULT_SPACE
-    data: np.ndarray | None = None  # set for constants (weights)
+    # A constant's array (`data`, below), or a Stored (ir/stored.py): an array read from the
+    # model file that a program holding a packed copy may let go, read again when asked for.
+    # (A field of its own, so copies of the value share the Stored rather than its array.)
+    stored: object = None
     kind: str = "tensor"  # one of KINDS; shape and dtype are the (element) tensor's
     # Calibrated range and quantization parameters (npurun/precision): min, max, percentile
     # and MSE-optimal bounds, the chosen scale and zero point. Printed as a `range` statement.
     calib: dict = field(default_factory=dict)
 
+    def __init__(self, name, shape, dtype, space=DEFAULT_SPACE, data=_UNSET, kind="tensor", calib=None, *,
+                 stored=None):
+        self.name, self.shape, self.dtype, self.space, self.kind = name, shape, dtype, space, kind
+        self.stored = stored if data is _UNSET else data  # (replace(v, data=...) sets it anew)
+        self.calib = {} if calib is None else calib
+
+    @property
+    def data(self) -> np.ndarray | None:
+        """The constant's array (None for a computed value)."""
+        s = self.stored
+        return s.array() if isinstance(s, Stored) else s
+
+    @data.setter
+    def data(self, array) -> None:
+        self.stored = array
+
     @property
     def is_const(self) -> bool:
-        return self.data is not None
+        return self.stored is not None
+
+    @property
+    def released(self) -> bool:
+        """A constant whose array a program let go (ir/stored.py): reading `data` reads the file."""
+        return isinstance(self.stored, Stored) and not self.stored.resident
 
     @property
     def nbytes(self) -> int | None:
@@ -110,8 +138,10 @@ class Graph:
         self.values[v.name] = v
         return v
 
-    def const(self, name: str, array: np.ndarray, space: str = DEFAULT_SPACE) -> Value:
+    def const(self, name: str, array: np.ndarray | Stored, space: str = DEFAULT_SPACE) -> Value:
         from .dtypes import from_numpy
+        if isinstance(array, Stored):
+            return self.add_value(Value(name, array.shape, from_numpy(array.dtype), space, stored=array))
         arr = np.asarray(array, order="C")  # (ascontiguousarray would make a scalar 1-D)
         return self.add_value(Value(name, tuple(arr.shape), from_numpy(arr.dtype), space, arr))
 

@@ -17,6 +17,7 @@ import functools
 import numpy as np
 
 from .. import register
+from ...ir.stored import Stored
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
 from . import blas, conv, native, nativeconv
@@ -27,6 +28,9 @@ from .ops.conv1d import CHEAP_IN_C
 ACTIVATIONS = native.ACTIVATIONS
 BIG = 1 << 14  # elements; a smaller activation is not worth a second thread (C pool: ~1-5 us a hand-off)
 SMALL = 4096  # elements; a smaller activation runs its NumPy reference kernel
+# bytes; a smaller weight keeps its float32 array beside its packs (NumPy's dot runs the
+# smallest products, and a small array is not worth reading from the file again)
+RELEASE_MIN = 1 << 18
 
 
 class CpuProgram(Program):
@@ -36,6 +40,13 @@ class CpuProgram(Program):
     def __init__(self, graph, backend: "CpuBackend"):
         self.threads = backend.parallelism
         self._backend = backend
+        self._packs: dict = {}  # weight (its Stored, or its array's id) -> packed copy, shared
+        self._readers = _readers(graph)
+        self._aliases: dict = {}  # Stored -> every name it goes by (Identity aliases share it)
+        for nm, v in graph.values.items():
+            if isinstance(v.stored, Stored):
+                self._aliases.setdefault(v.stored, []).append(nm)
+        self._released = 0
         kernels = dict(KERNELS)
         kernels["conv"] = self._conv
         if native.LIB is not None:
@@ -45,6 +56,8 @@ class CpuProgram(Program):
         for op, make in FACTORIES.items():  # cpu/ops/: attention, recurrent cells, ...
             kernels[op] = make(self)
         super().__init__(graph, kernels, backend.name)
+        if self._released:
+            native.trim_malloc()
 
     def lower(self, node, fn):
         """A conv or a linear layer with constant weights gets a kernel of its own, whose
@@ -54,20 +67,45 @@ class CpuProgram(Program):
             return functools.partial(fn, _cache={})
         if node.op in ("matmul", "matmul_add") and node.precision in (None, "f32") and fn is not None \
                 and self._const(node.inputs[1], ndim=2):
-            # One packed copy per weight array, shared by every node that reads it, under any
-            # name (ALBERT's 12 layers read one set of 6 matrices through Identity nodes: packed
-            # per node, 12 copies, peak RSS 465 MB against ORT's 161). The graph holds the
-            # arrays, so their ids stay theirs while this program lives.
-            packs = self.__dict__.setdefault("_packs", {})
-            w = self.graph.values[node.inputs[1]].data
-            return fused_ops.linear_kernel(self, fn, packs.setdefault(id(w), {}))
+            # One packed copy per weight, shared by every node that reads it, under any name
+            # (ALBERT's 12 layers read one set of 6 matrices through Identity nodes: packed
+            # per node, 12 copies, peak RSS 465 MB against ORT's 161). Keyed by the weight's
+            # Stored, or by its array's id where the graph holds the array (so the id stays its).
+            v = self.graph.values[node.inputs[1]]
+            if self._packed_only(v):
+                kernel, standin = fused_ops.packed_linear_kernel(self, fn, self._packs.setdefault((v.stored, 0, 1.0), {}), v.stored)
+                self.consts[v.name] = standin  # the float32 array is let go: nothing here holds it
+                self._released += 1
+                return kernel
+            return fused_ops.linear_kernel(self, fn, self._packs.setdefault(id(v.data), {}))
         if node.op == "gemm" and node.precision in (None, "f32") and fn is not None and self._const(node.inputs[1], ndim=2):
+            v = self.graph.values[node.inputs[1]]
+            if self._packed_only(v):
+                kernel, standin = fused_ops.gemm_kernel(self, node, self.graph, fn, self._packs)
+                self.consts[v.name] = standin
+                self._released += 1
+                return kernel
             return fused_ops.gemm_kernel(self, node, self.graph, fn)
         return fn
 
     def _const(self, name, ndim=None) -> bool:
-        v = self.graph.values.get(name)
-        return v is not None and v.is_const and (ndim is None or v.data.ndim == ndim)
+        v = self.graph.values.get(name)  # (shape, not data: a let-go weight is not read again)
+        return v is not None and v.is_const and (ndim is None or v.shape is not None and len(v.shape) == ndim)
+
+    def _packed_only(self, v) -> bool:
+        """Whether weight `v` can live in its packed copy alone: a float32 matrix read from the
+        model file (a Stored), of at least RELEASE_MIN bytes, that only linear nodes read, as
+        their weight operand (matmul, matmul_add, gemm), with the compiled kernels there to
+        run them."""
+        s = v.stored
+        if not isinstance(s, Stored) or s.dtype != np.float32 or len(s.shape) != 2 or s.nbytes < RELEASE_MIN \
+                or native.LIB is None:
+            return False
+        names = self._aliases.get(s, [])
+        readers = [n for nm in names for n in self._readers.get(nm, ())]
+        return bool(readers) and not set(names) & set(self.graph.outputs) and all(
+            n is not None and n.op in ("matmul", "matmul_add", "gemm") and n.precision in (None, "f32")
+            and n.inputs[1] in names and not set(names) & set(n.inputs[:1] + n.inputs[2:]) for n in readers)
 
     def _subprogram(self, region):
         """A control-flow region's program is a cpu program too (its kernels use this one's
@@ -116,6 +154,19 @@ class CpuProgram(Program):
     def run(self, feeds, progress=None, attention=None):
         # BLAS threads are process-wide: held to ours for the duration of this run only.
         return blas.with_threads(self.threads, lambda: super(CpuProgram, self).run(feeds, progress, attention))
+
+
+def _readers(graph) -> dict:
+    """Value name -> the nodes that read it (None for a read by a region, which captures it)."""
+    out: dict = {}
+    for n in graph.nodes:
+        for i in dict.fromkeys(n.inputs):
+            if i:
+                out.setdefault(i, []).append(n)
+        for r in n.regions.values():
+            for c in r.captures():
+                out.setdefault(c, []).append(None)
+    return out
 
 
 _NATIVE_ACTS: dict = {}  # (activation, params) -> native_activation's answer, shared (read-only)

@@ -6,6 +6,7 @@ import numpy as np
 from ...ir.graph import Graph, Node, Value
 from ...ir.dtypes import to_numpy
 from ...ir.ops import infer_node
+from ...ir.stored import Stored
 from ...passes.fold_constants import try_fold
 
 
@@ -57,6 +58,16 @@ class Ctx:
         self.graph.const(nm, np.asarray(array))
         return nm
 
+    def _stored_as(self, node, arr):
+        """A folded result that is an operand's very array (Identity of a weight: ALBERT's
+        layers share their matrices so) shares that operand's Stored, so the weight stays one
+        weight (ir/stored.py: one packed copy, and the array let go)."""
+        for i in node.inputs:
+            s = self.graph.values[i].stored if i else None
+            if isinstance(s, Stored) and s.resident and s.array() is arr:
+                return s
+        return arr
+
     def region(self, attr: str, input_types: list | None = None) -> Graph:
         """The subgraph in attribute `attr`, converted; it may read this graph's values."""
         return self.region_of(self.attrs[attr], input_types, f"{self.name or self.node.op_type}.{attr}")
@@ -84,7 +95,7 @@ class Ctx:
         folded = try_fold(node, self.graph.values, [t[0] for t in types], strict=True) if self.fold and ranked else None
         if folded is not None and all(a.dtype == to_numpy(t[1]) for a, t in zip(folded, types)):
             for nm, arr in zip(outputs, folded):
-                self.graph.const(nm, arr)
+                self.graph.const(nm, self._stored_as(node, arr))
             return outputs
         for nm, (shape, dtype, kind) in zip(outputs, types):
             self.graph.add_value(Value(nm, None if shape is None else tuple(shape), dtype, kind=kind))

@@ -9,17 +9,19 @@ weight twice (BERT-base: peak RSS 896 MB for 440 MB of weights, where ONNX Runti
 Here the file is scanned at the protobuf wire level (the encoding is public and stable:
 https://protobuf.dev/programming-guides/encoding/): the `raw_data` field of each initializer of
 the main graph is left out of the bytes handed to protobuf, and its span in the file is read
-into a fresh (aligned) NumPy array instead. Only element types whose raw bytes are their
+into a fresh (aligned) NumPy array instead, held as a `Stored` (ir/stored.py) that remembers
+the span, so a program may let the array go once it has packed it. Only element types whose raw bytes are their
 NumPy layout are taken this way; any other tensor (strings, 4- and 2-bit types, data held in
 typed fields, external data) stays in the message for `numpy_helper.to_array`, as before.
 """
 from __future__ import annotations
 
 import mmap
-import sys
 
 import numpy as np
 import onnx
+
+from ...ir.stored import Stored, read_into
 
 # ModelProto.graph, GraphProto.initializer, TensorProto.{dims, data_type, raw_data, data_location}
 _GRAPH, _INITIALIZER, _DIMS, _DATA_TYPE, _RAW, _LOCATION = 7, 5, 1, 2, 9, 14
@@ -127,7 +129,8 @@ def strip(buf) -> tuple[bytes, list]:
 
 def read(path) -> tuple[onnx.ModelProto, dict]:
     """The model without the raw bytes of its main graph's plain initializers, and those
-    initializers as arrays: {index in graph.initializer: array}. Raises WireError (or
+    initializers as arrays that know where their bytes lie (ir/stored.py):
+    {index in graph.initializer: Stored}. Raises WireError (or
     protobuf's DecodeError) where the file is not a protobuf this reader can take, or holds a
     tensor whose shape and bytes disagree: the caller then parses it the usual way, whose
     checks say what is wrong."""
@@ -142,15 +145,13 @@ def read(path) -> tuple[onnx.ModelProto, dict]:
         del stripped
         if len(spans) != len(model.graph.initializer):
             raise WireError("initializers counted differently from protobuf")
-        # Read with read(), not through the mapping: pages touched through a mapping count in
-        # this process's resident set (beside the arrays they are copied to) until unmapped.
-        arrays = {k: _array(t, f, span) for k, (t, span) in enumerate(zip(model.graph.initializer, spans))
+        arrays = {k: _array(t, f, path, span) for k, (t, span) in enumerate(zip(model.graph.initializer, spans))
                   if span is not None}
     return model, arrays
 
 
-def _array(t, f, span) -> np.ndarray:
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+def _array(t, f, path, span) -> Stored:
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
     a, b = span
     n = 1
     for d in t.dims:
@@ -158,12 +159,5 @@ def _array(t, f, span) -> np.ndarray:
     if any(d < 0 for d in t.dims) or n * dtype.itemsize != b - a:
         raise WireError(f"initializer {t.name!r}: shape and bytes disagree")  # (the caller's full parse says how)
     arr = np.empty(tuple(t.dims), dtype)
-    out = memoryview(arr.reshape(-1).view(np.uint8))  # (bytes: bfloat16 has no buffer format)
-    f.seek(a)
-    done = 0
-    while done < len(out):
-        got = f.readinto(out[done:])
-        if not got:
-            raise WireError("file shorter than its tensors")
-        done += got
-    return arr if sys.byteorder == "little" else arr.astype(dtype.newbyteorder("="))
+    read_into(f, a, arr)
+    return Stored(path, a, dtype, tuple(t.dims), arr)

@@ -72,34 +72,86 @@ def linear_kernel(program, fallback, cache: dict | None = None):
     return linear
 
 
-def gemm_kernel(program, node, graph, fallback):
+def packed_linear(program, cache: dict, stored, trans: bool = False, alpha: float = 1.0):
+    """a @ W [+ adds] where W (stored's matrix, transposed with `trans`, times alpha) lives
+    only in its packed panels: packed now into `cache` (shared by the nodes reading the same
+    weight the same way), then the float32 array is let go (ir/stored.py), so the program
+    holds the weight once, as ONNX Runtime holds a pre-packed initializer. Returns
+    (lin(a, *adds) -> y, or None where the packed sgemm does not take the call; the stand-in
+    the program passes for the weight: a zero-strided array of its shape, no memory, never
+    read)."""
+    def pack():
+        w = stored.array()
+        w = w.T if trans else w
+        MM.prepare(cache, w * np.float32(alpha) if alpha != 1.0 else w)
+        standin = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), w.shape, (0, 0), writeable=False)
+        cache.update(b=standin, standin=standin)
+    if "standin" not in cache or cache.get("isa") != native.ISA:
+        pack()
+    stored.release()
+    standin = cache["standin"]
+
+    def lin(a, *adds):
+        if cache.get("isa") != native.ISA:  # (the ISA switched under the program, as tests do)
+            pack()
+        return MM.linear(program, a, standin, cache, adds)
+    lin.cache = cache
+    return lin, standin
+
+
+def packed_linear_kernel(program, fallback, cache: dict, stored):
+    """The kernel of matmul / matmul_add nodes whose weight lives only in its packs
+    (`packed_linear`); what the packed sgemm does not take (another dtype for `a`, adds it
+    would reorder) runs `fallback` on the weight read again from the file."""
+    lin, standin = packed_linear(program, cache, stored)
+
+    def linear(a, b, *adds):
+        y = lin(a, *adds)
+        return fallback(a, stored.array(), *adds) if y is None else y
+    linear.cache = cache
+    return linear, standin
+
+
+def gemm_kernel(program, node, graph, fallback, packs: dict | None = None):
     """One gemm node by a constant (K, N) or, trans_b, (N, K) weight: the weight transposed and
     scaled by alpha once, the bias scaled by beta once when constant; then the linear kernel.
-    Anything else (a computed weight) runs `fallback`."""
+    Anything else (a computed weight) runs `fallback`. With `packs` (a dict the program
+    shares between nodes) the weight, a Stored read by nothing else, lives only in its packed
+    copy (`packed_linear`): returns (kernel, stand-in for the weight)."""
     from ....ir.ops import OPS
     a_ = OPS["gemm"].attrs_of(node)
-    w = graph.values[node.inputs[1]].data
-    if w is None or w.dtype != np.float32 or w.ndim != 2:
-        return fallback
-    # A view where alpha is 1: the packed sgemm packs from it (a transposed copy would stay
-    # beside the graph's weight and the packed panels: a third copy of every Gemm weight).
-    bt = (w.T if a_["trans_b"] else w) * np.float32(a_["alpha"]) if a_["alpha"] != 1.0 \
-        else (w.T if a_["trans_b"] else w)
+    v = graph.values[node.inputs[1]]
     cname = node.inputs[2] if len(node.inputs) > 2 else ""
     cv = graph.values[cname].data if cname else None
     beta, trans_a = a_["beta"], a_["trans_a"]
     c_const = None if cv is None else (cv if beta == 1.0 else (cv * np.float32(beta)).astype(cv.dtype))
-    lin = linear_kernel(program, lambda a, b, *adds: None)
+    if packs is not None:
+        key = (v.stored, a_["trans_b"], a_["alpha"])  # (a matmul reading the same weight: (s, 0, 1.0))
+        lin, standin = packed_linear(program, packs.setdefault(key, {}), v.stored, a_["trans_b"], a_["alpha"])
+        weight = v.stored.array  # (the fallback's: read again from the file)
+    else:
+        w = v.data
+        if w is None or w.dtype != np.float32 or w.ndim != 2:
+            return fallback
+        # A view where alpha is 1: the packed sgemm packs from it (a transposed copy would stay
+        # beside the graph's weight and the packed panels: a third copy of every Gemm weight).
+        bt = (w.T if a_["trans_b"] else w) * np.float32(a_["alpha"]) if a_["alpha"] != 1.0 \
+            else (w.T if a_["trans_b"] else w)
+        lin0 = linear_kernel(program, lambda a, b, *adds: None)
+        lin, standin, weight = (lambda a, *adds: lin0(a, bt, *adds)), None, None
+        lin.cache = lin0.cache
 
     def gemm(a, b, c=None, **_attrs):
         if a.dtype != np.float32 or a.ndim != 2:
-            return fallback(a, b, c, **_attrs)
+            return fallback(a, b if weight is None else weight(), c, **_attrs)
         a = a.T if trans_a else a
         adds = () if c is None else ((c_const,) if c_const is not None else ((c if beta == 1.0 else c * np.float32(beta)),))
-        y = lin(a, bt, *adds)
-        return fallback(a.T if trans_a else a, b, c, **_attrs) if y is None else y
+        y = lin(a, *adds)
+        if y is None:  # (a released weight is read again from the file for it)
+            return fallback(a.T if trans_a else a, b if weight is None else weight(), c, **_attrs)
+        return y
     gemm.cache = lin.cache
-    return gemm
+    return gemm if packs is None else (gemm, standin)
 
 
 def make_affine_activation(program):

@@ -183,6 +183,11 @@ def _pack_q8(q, s, nr):
     return np.ascontiguousarray(qp.reshape(K, panels, nr).transpose(1, 0, 2)), sp
 
 
+def prepare(cache, b) -> None:
+    """Pack constant weights b into `cache` for `linear`, now (for this machine's ISA)."""
+    _prepare(cache, b, native.ISA, _lib(), True)
+
+
 def _prepare(cache, b, isa, lib, weights=True):
     """Pack b for the kernel once: int8 panels + scales where b is int8 weights dequantized
     exactly (a quarter of the bytes to stream each run), else float32 panels. (weights False:

@@ -1,0 +1,165 @@
+"""Weights that stay in their model file (ir/stored.py): a cpu program that runs a weight only
+through its packed copy lets the float32 array go, and anyone asking for it later reads it
+again. Results are checked against the reference backend on fresh random inputs."""
+import gc
+import os
+import weakref
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import npurun
+from npurun.backends.cpu import native
+from npurun.backends.cpu.ops import fused
+from npurun.errors import ModelError
+from npurun.ir.stored import Stored
+
+from conftest import nonzero_normal
+
+pytestmark = pytest.mark.skipif(native.LIB is None, reason=f"compiled kernels unavailable: {native.REASON}")
+
+K, N = 256, 384  # 384 KB: above RELEASE_MIN
+
+
+def _save(tmp_path, nodes, inits, outputs=("y",), name="m.onnx"):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, K])
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+    g = helper.make_graph(nodes, "m", [x], outs, inits)
+    p = tmp_path / name
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), p)
+    return p
+
+
+def _weights(rng, n=1):
+    return [nonzero_normal(rng, (K, N)) * 0.05 for _ in range(n)]
+
+
+def _run(g, rng, threads=1):
+    """(the cpu program, a check against the reference to call later: the reference reads
+    every weight, so a released one is read again)."""
+    x = nonzero_normal(rng, (5, K))
+    exe = npurun.Executor("cpu", parallelism=threads)
+    got, again = exe.run_sync(g, {"x": x}), exe.run_sync(g, {"x": x})
+
+    def check():
+        want = npurun.Executor("reference").run_sync(g, {"x": x})
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4)
+            np.testing.assert_array_equal(got[k], again[k])
+    return exe.compile(g), check
+
+
+def _check(g, rng, threads=1):
+    prog, check = _run(g, rng, threads)
+    check()
+    return prog
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_packed_weight_is_let_go_and_read_again_on_demand(tmp_path, rng, threads):
+    w, = _weights(rng)
+    b = nonzero_normal(rng, (N,))
+    p = _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])],
+              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    g = npurun.load(p)
+    s = g.values["w"].stored
+    assert isinstance(s, Stored) and s.resident
+    held = weakref.ref(s.array())
+    prog, check = _run(g, rng, threads)
+    assert prog._released == 1 and not s.resident
+    gc.collect()
+    assert held() is None  # nothing holds the float32 array any more
+    check()
+    np.testing.assert_array_equal(g.values["w"].data, w)  # asked for: read again, the same bytes
+    assert s.resident
+    # a second program (another executor) packs from the array read again, and lets it go too
+    prog2, check = _run(g, rng, threads)
+    assert prog2 is not prog and prog2._released == 1 and not s.resident
+    check()
+
+
+def test_kept_where_something_else_reads_it(tmp_path, rng):
+    """A weight that a MatMul also reads as its first operand, one that is a graph output
+    (under another name), and a small one keep their arrays (each is still right)."""
+    w1, w2 = _weights(rng, 2)
+    small = nonzero_normal(rng, (K, 8))
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["y"]),
+             helper.make_node("Transpose", ["y"], ["yt"]),
+             helper.make_node("MatMul", ["w1", "yt"], ["z"]),
+             helper.make_node("MatMul", ["x", "w2"], ["u"]),
+             helper.make_node("Identity", ["w2"], ["w2_out"]),
+             helper.make_node("MatMul", ["x", "small"], ["s"])]
+    p = _save(tmp_path, nodes, [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (w2, "w2"), (small, "small"))],
+              outputs=("y", "z", "u", "w2_out", "s"))
+    g = npurun.load(p)
+    prog = _check(g, rng)
+    assert prog._released == 0
+    assert all(g.values[n].stored.resident for n in ("w1", "w2", "small"))
+
+
+def test_one_weight_under_two_names_is_packed_once(tmp_path, rng):
+    """Identity of a weight (ALBERT's shared layers) imports as the same Stored: one packed
+    copy for both MatMuls, and the array let go."""
+    w, = _weights(rng)
+    nodes = [helper.make_node("Identity", ["w"], ["w_again"]),
+             helper.make_node("MatMul", ["x", "w"], ["t"]),
+             helper.make_node("Relu", ["t"], ["r"]),
+             helper.make_node("MatMul", ["x", "w_again"], ["t3"]),
+             helper.make_node("Add", ["r", "t3"], ["y"])]
+    p = _save(tmp_path, nodes, [numpy_helper.from_array(w, "w")])
+    g = npurun.load(p)
+    stored = {id(v.stored) for v in g.values.values() if isinstance(v.stored, Stored)}
+    assert len(stored) == 1  # w and its alias share one Stored
+    prog = _check(g, rng)
+    assert len(prog._packs) == 1 and prog._released == 2
+
+
+def test_a_changed_file_is_refused_but_the_program_runs_on(tmp_path, rng):
+    w, = _weights(rng)
+    p = _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
+    g = npurun.load(p)
+    exe = npurun.Executor("cpu")
+    x = nonzero_normal(rng, (5, K))
+    y0 = exe.run_sync(g, {"x": x})["y"]
+    other = tmp_path / "other.onnx"
+    _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w * 2, "w")],
+          name="other.onnx")
+    os.replace(other, p)  # the file under the model's name is another one now
+    with pytest.raises(ModelError, match="m.onnx: the file changed since the model was loaded"):
+        g.values["w"].data
+    np.testing.assert_array_equal(exe.run_sync(g, {"x": x})["y"], y0)  # its packs are all it needs
+
+
+def test_the_kernel_falls_back_on_the_weight_read_again(tmp_path, rng):
+    """What the packed sgemm does not take (here a float64 operand) runs the fallback on the
+    weight, read from the file."""
+    w, = _weights(rng)
+    p = _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
+    s = npurun.load(p).values["w"].stored
+    seen = []
+
+    def fallback(a, b, *adds):
+        seen.append(b)
+        return a @ b
+    kernel, standin = fused.packed_linear_kernel(npurun.Executor("cpu").compile(npurun.load(p)), fallback, {}, s)
+    assert not s.resident and standin.shape == (K, N) and standin.strides == (0, 0)
+    a = nonzero_normal(rng, (3, K))
+    np.testing.assert_allclose(kernel(a, standin), a @ w, rtol=1e-4, atol=1e-4)
+    assert not seen
+    a64 = a.astype(np.float64)
+    np.testing.assert_allclose(kernel(a64, standin), a64 @ w, rtol=1e-6)
+    np.testing.assert_array_equal(seen[0], w)
+
+
+def test_copies_share_the_stored(tmp_path, rng):
+    w, = _weights(rng)
+    p = _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
+    g = npurun.load(p)
+    v = g.values["w"]
+    assert g.copy().values["w"].stored is v.stored
+    assert replace(v, space="NPU_SRAM").stored is v.stored
+    gone = replace(v, data=None)
+    assert not gone.is_const and v.is_const
