@@ -62,3 +62,17 @@ def check_fits(nbytes: int, what) -> None:
         what = what() if callable(what) else what
         raise InputError(f"{what} would take {nbytes / 2**30:.1f} GiB; this process can have at most "
                          f"{memory_limit() / 2**30:.1f} GiB")
+
+
+def trim_malloc() -> bool:
+    """Give the pages glibc malloc holds free back to the system now (after a program let
+    weight arrays go, ir/stored.py: freed in the middle of a heap, they would stay resident).
+    False where this is not glibc."""
+    import ctypes
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True

@@ -163,3 +163,29 @@ def test_copies_share_the_stored(tmp_path, rng):
     assert replace(v, space="NPU_SRAM").stored is v.stored
     gone = replace(v, data=None)
     assert not gone.is_const and v.is_const
+
+
+def test_weights_the_passes_replaced_are_let_go(tmp_path, rng):
+    """A BatchNorm folded into its conv gives the conv new weights: the original ones (and the
+    BatchNorm's) are not held beside them once the program is compiled; asked for, they are
+    read again, and a file gone by then is a clear error."""
+    w = nonzero_normal(rng, (32, 16, 3, 3))
+    bn = [nonzero_normal(rng, (32,)) for _ in range(3)] + [np.abs(nonzero_normal(rng, (32,))) + 0.5]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"])]
+    inits = [numpy_helper.from_array(a, n) for a, n in zip([w] + bn, ["w", "s", "b", "m", "v"])]
+    p = tmp_path / "bn.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "m", [x], [y], inits),
+                                opset_imports=[helper.make_opsetid("", 17)], ir_version=8), p)
+    g = npurun.load(p)
+    xv = nonzero_normal(rng, (1, 16, 12, 12))
+    got = npurun.Executor("cpu").run_sync(g, {"x": xv})["y"]
+    assert not g.values["w"].stored.resident and not g.values["s"].stored.resident
+    np.testing.assert_allclose(got, npurun.Executor("reference").run_sync(g, {"x": xv})["y"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(g.values["w"].data, w)  # read again by the reference run
+    g.values["w"].stored.release()
+    p.unlink()
+    with pytest.raises(ModelError, match="bn.onnx: cannot read the model's weights again"):
+        g.values["w"].data

@@ -56,13 +56,37 @@ class Stored:
         self._array = None
 
     def _read(self) -> np.ndarray:
-        if _stamp(self.path) != self.stamp:
-            raise ModelError(f"{self.path}: the file changed since the model was loaded (its weights are read "
-                             f"from it again when needed); load it again")
-        arr = np.empty(self.shape, self.dtype)
-        with open(self.path, "rb") as f:
-            read_into(f, self.offset, arr)
+        try:
+            if _stamp(self.path) != self.stamp:
+                raise ModelError(f"{self.path}: the file changed since the model was loaded (its weights are "
+                                 f"read from it again when needed); load it again")
+            arr = np.empty(self.shape, self.dtype)
+            with open(self.path, "rb") as f:
+                read_into(f, self.offset, arr)
+        except OSError as e:
+            raise ModelError(f"{self.path}: cannot read the model's weights again ({e.strerror or e}); "
+                             f"load it again") from None
         return arr
+
+
+def release_unused(source, compiled) -> int:
+    """Let go of the arrays of `source`'s Stored constants that `compiled` (a graph compiled
+    from it: folding makes new weights, a BatchNorm folded into a conv leaves the conv's
+    original weight unread) does not hold; returns how many. The program holds what it runs
+    on; whoever asks `source` for one of these later reads it again."""
+    def storeds(g, out):
+        for v in g.values.values():
+            if isinstance(v.stored, Stored):
+                out.add(v.stored)
+        for n in g.nodes:
+            for r in n.regions.values():
+                storeds(r, out)
+        return out
+    kept = storeds(compiled, set())
+    gone = [s for s in storeds(source, set()) if s not in kept and s.resident]
+    for s in gone:
+        s.release()
+    return len(gone)
 
 
 def read_into(f, offset: int, arr: np.ndarray) -> None:

@@ -35,6 +35,8 @@ from ..backends import Program, get_backend
 from ..errors import InputError, NpurunError
 from ..frontend import load
 from ..ir.graph import Graph
+from ..ir.stored import release_unused
+from ..util import trim_malloc
 from .device import Device
 from .scheduler import NOT_IDLE, TaskFuture
 
@@ -132,6 +134,10 @@ class Executor:
         prepared = prepare(graph, self.device, dict(key[1]) if key[1] else None)
         refuse_oversized(prepared)
         program = self.backend.compile(prepared)
+        # the weights the passes replaced (a BatchNorm folded into its conv's new weights)
+        # stay in the model file until asked for again: not resident beside their successors
+        if release_unused(graph, prepared):
+            trim_malloc()
         with self._lock:
             self._programs[key] = (graph, program)
             while len(self._programs) > PLAN_CACHE:

@@ -17,6 +17,7 @@ import functools
 import numpy as np
 
 from .. import register
+from ... import util
 from ...ir.stored import Stored
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
@@ -57,7 +58,7 @@ class CpuProgram(Program):
             kernels[op] = make(self)
         super().__init__(graph, kernels, backend.name)
         if self._released:
-            native.trim_malloc()
+            util.trim_malloc()
 
     def lower(self, node, fn):
         """A conv or a linear layer with constant weights gets a kernel of its own, whose

@@ -211,19 +211,6 @@ def cap_malloc_arenas(n: int) -> bool:
         return False
 
 
-def trim_malloc() -> bool:
-    """Give the pages glibc malloc holds free back to the system now (after a program let its
-    float32 weights go: freed in the middle of a heap, they would stay resident). False where
-    this is not glibc."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
-    return True
-
-
 def trim_malloc_every(seconds: float) -> bool:
     """Give the pages glibc malloc holds free back to the system every `seconds`, from a
     daemon thread (a long-running server calls this at start). glibc returns memory by itself
