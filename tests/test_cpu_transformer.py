@@ -438,3 +438,12 @@ def test_nodes_reading_one_weight_share_its_packed_copy(rng, threads):
     assert caches[0]["bp"] is not None and caches[1]["bp"] is not None
     want = npurun.Executor("reference").run_sync(g, {"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("k,n", [(7, 33), (64, 32), (5, 100), (300, 17)])
+def test_packing_a_transposed_view_equals_packing_its_copy(rng, k, n):
+    """The packed sgemm's panels made straight from a strided view (a Gemm's w.T) are the
+    panels of its contiguous copy, padding included."""
+    w = nonzero_normal(rng, (n, k))
+    for isa in ("avx2",) + (("avx512",) if native.ISA == "avx512" else ()):
+        np.testing.assert_array_equal(MM.pack(w.T, isa), MM.pack(np.ascontiguousarray(w.T), isa))
