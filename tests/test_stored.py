@@ -21,7 +21,7 @@ from conftest import nonzero_normal
 
 pytestmark = pytest.mark.skipif(native.LIB is None, reason=f"compiled kernels unavailable: {native.REASON}")
 
-K, N = 256, 384  # 384 KB: above RELEASE_MIN
+K, N = 512, 1024  # 2 MB: RELEASE_MIN
 
 
 def _save(tmp_path, nodes, inits, outputs=("y",), name="m.onnx"):

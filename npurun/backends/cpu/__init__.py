@@ -29,9 +29,10 @@ from .ops.conv1d import CHEAP_IN_C
 ACTIVATIONS = native.ACTIVATIONS
 BIG = 1 << 14  # elements; a smaller activation is not worth a second thread (C pool: ~1-5 us a hand-off)
 SMALL = 4096  # elements; a smaller activation runs its NumPy reference kernel
-# bytes; a smaller weight keeps its float32 array beside its packs (NumPy's dot runs the
-# smallest products, and a small array is not worth reading from the file again)
-RELEASE_MIN = 1 << 18
+# bytes; a smaller weight keeps its float32 array beside its packs: a product by it may be
+# small enough for NumPy's dot (fused.SMALL_FLOP: 2 * rows * K * N below it; ~3 us against the
+# packed call's ~17), which reads the array. From this size on, even one row is not.
+RELEASE_MIN = 2 * fused_ops.SMALL_FLOP
 
 
 class CpuProgram(Program):
