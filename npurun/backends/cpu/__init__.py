@@ -19,6 +19,7 @@ import numpy as np
 from .. import register
 from ... import util
 from ...ir.stored import Stored
+from ...passes.rewrite import readers
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
 from . import blas, conv, native, nativeconv
@@ -43,7 +44,7 @@ class CpuProgram(Program):
         self.threads = backend.parallelism
         self._backend = backend
         self._packs: dict = {}  # weight (its Stored, or its array's id) -> packed copy, shared
-        self._readers = _readers(graph)
+        self._readers = readers(graph)  # (a region's captures count as its owner's reads)
         self._aliases: dict = {}  # Stored -> every name it goes by (Identity aliases share it)
         for nm, v in graph.values.items():
             if isinstance(v.stored, Stored):
@@ -104,10 +105,10 @@ class CpuProgram(Program):
                 or native.LIB is None:
             return False
         names = self._aliases.get(s, [])
-        readers = [n for nm in names for n in self._readers.get(nm, ())]
-        return bool(readers) and not set(names) & set(self.graph.outputs) and all(
-            n is not None and n.op in ("matmul", "matmul_add", "gemm") and n.precision in (None, "f32")
-            and n.inputs[1] in names and not set(names) & set(n.inputs[:1] + n.inputs[2:]) for n in readers)
+        nodes = [n for nm in names for n in self._readers.get(nm, ())]
+        return bool(nodes) and not set(names) & set(self.graph.outputs) and all(
+            n.op in ("matmul", "matmul_add", "gemm") and n.precision in (None, "f32") and not n.regions
+            and n.inputs[1] in names and not set(names) & set(n.inputs[:1] + n.inputs[2:]) for n in nodes)
 
     def _subprogram(self, region):
         """A control-flow region's program is a cpu program too (its kernels use this one's
@@ -156,19 +157,6 @@ class CpuProgram(Program):
     def run(self, feeds, progress=None, attention=None):
         # BLAS threads are process-wide: held to ours for the duration of this run only.
         return blas.with_threads(self.threads, lambda: super(CpuProgram, self).run(feeds, progress, attention))
-
-
-def _readers(graph) -> dict:
-    """Value name -> the nodes that read it (None for a read by a region, which captures it)."""
-    out: dict = {}
-    for n in graph.nodes:
-        for i in dict.fromkeys(n.inputs):
-            if i:
-                out.setdefault(i, []).append(n)
-        for r in n.regions.values():
-            for c in r.captures():
-                out.setdefault(c, []).append(None)
-    return out
 
 
 _NATIVE_ACTS: dict = {}  # (activation, params) -> native_activation's answer, shared (read-only)
