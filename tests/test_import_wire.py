@@ -7,6 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import npurun
+from npurun.errors import ModelError
 from npurun.frontend.onnx import import_model, load_onnx, wire
 from npurun.frontend.onnx.importer import _read
 
@@ -109,7 +110,9 @@ def test_external_data_and_fallbacks(tmp_path, rng):
     m = _model([numpy_helper.from_array(w, "w"), numpy_helper.from_array(v, "v")])
     onnx.save(m, tmp_path / "ext.onnx", save_as_external_data=True, location="ext.bin", size_threshold=1000)
     model, arrays = wire.read(tmp_path / "ext.onnx")
-    assert sorted(arrays) == [1]  # v stayed embedded, w is external
+    assert sorted(arrays) == [0, 1]  # w from the external file, v embedded
+    assert arrays[0].path == str(tmp_path / "ext.bin") and arrays[1].path == str(tmp_path / "ext.onnx")
+    assert not model.graph.initializer[0].external_data  # (onnx's loader leaves it alone)
     out = npurun.Executor("reference").run_sync(npurun.load(tmp_path / "ext.onnx"), {})
     np.testing.assert_array_equal(out["o0"], w)
     np.testing.assert_array_equal(out["o1"], v)
@@ -117,6 +120,23 @@ def test_external_data_and_fallbacks(tmp_path, rng):
         (tmp_path / "bad.onnx").write_bytes(blob)
         with pytest.raises(wire.WireError):
             wire.read(tmp_path / "bad.onnx")
+
+
+def test_external_data_outside_the_folder_is_left_to_onnx(tmp_path, rng):
+    """A location that leaves the model's folder is not read here; onnx's loader refuses it."""
+    w = rng.standard_normal((3, 300)).astype(np.float32)
+    (tmp_path / "outside.bin").write_bytes(w.tobytes())
+    (tmp_path / "m").mkdir()
+    t = numpy_helper.from_array(np.zeros((3, 300), np.float32), "w")
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", "../outside.bin"), ("offset", "0"), ("length", str(w.nbytes))):
+        t.external_data.add(key=k, value=v)
+    onnx.save(_model([t]), tmp_path / "m" / "m.onnx")
+    model, arrays = wire.read(tmp_path / "m" / "m.onnx")
+    assert arrays == {} and model.graph.initializer[0].external_data
+    with pytest.raises(ModelError, match="cannot load external weights"):
+        npurun.load(tmp_path / "m" / "m.onnx")
 
 
 def test_reads_weights_without_a_protobuf_copy(tmp_path, rng):

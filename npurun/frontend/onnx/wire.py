@@ -10,13 +10,16 @@ Here the file is scanned at the protobuf wire level (the encoding is public and 
 https://protobuf.dev/programming-guides/encoding/): the `raw_data` field of each initializer of
 the main graph is left out of the bytes handed to protobuf, and its span in the file is read
 into a fresh (aligned) NumPy array instead, held as a `Stored` (ir/stored.py) that remembers
-the span, so a program may let the array go once it has packed it. Only element types whose raw bytes are their
-NumPy layout are taken this way; any other tensor (strings, 4- and 2-bit types, data held in
-typed fields, external data) stays in the message for `numpy_helper.to_array`, as before.
+the span, so a program may let the array go once it has packed it. Tensors in an external
+data file inside the model's folder are read the same way. Only element types whose raw bytes
+are their NumPy layout are taken; any other tensor (strings, 4- and 2-bit types, data held in
+typed fields, external data elsewhere) stays in the message for `numpy_helper.to_array` and
+onnx's external data loader, as before.
 """
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 import onnx
@@ -147,7 +150,43 @@ def read(path) -> tuple[onnx.ModelProto, dict]:
             raise WireError("initializers counted differently from protobuf")
         arrays = {k: _array(t, f, path, span) for k, (t, span) in enumerate(zip(model.graph.initializer, spans))
                   if span is not None}
+    for k, t in enumerate(model.graph.initializer):
+        if k not in arrays and t.data_location == onnx.TensorProto.EXTERNAL:
+            taken = _external(t, path)
+            if taken is not None:
+                arrays[k] = taken
+                del t.external_data[:]  # (so onnx's loader leaves it: read here, once)
+                t.data_location = onnx.TensorProto.DEFAULT
     return model, arrays
+
+
+def _external(t, model_path):
+    """A plain tensor in an external data file (models over 2 GB keep their weights so) as a
+    Stored on that file; None for anything this does not take (onnx's loader then reads it,
+    with its own checks): another element type, a location that is absolute or leaves the
+    model's folder, a length that disagrees with the shape, a file too short."""
+    if t.data_type not in _PLAIN:
+        return None
+    info = {e.key: e.value for e in t.external_data}
+    loc = info.get("location", "")
+    base = os.path.realpath(os.path.dirname(os.path.abspath(model_path)))
+    target = os.path.realpath(os.path.join(base, loc))
+    if not loc or os.path.isabs(loc) or os.path.commonpath([base, target]) != base or not os.path.isfile(target):
+        return None
+    try:
+        offset = int(info.get("offset", 0))
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
+        n = 1
+        for d in t.dims:
+            n *= d
+        nbytes = n * dtype.itemsize
+        length = int(info["length"]) if "length" in info else nbytes
+        if any(d < 0 for d in t.dims) or length != nbytes or offset < 0 or offset + nbytes > os.path.getsize(target):
+            return None
+        with open(target, "rb") as f:
+            return _array(t, f, target, (offset, offset + nbytes))
+    except (ValueError, OSError, WireError):
+        return None
 
 
 def _array(t, f, path, span) -> Stored:
