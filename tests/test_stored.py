@@ -15,6 +15,7 @@ import npurun
 from npurun.backends.cpu import native
 from npurun.backends.cpu.ops import fused
 from npurun.errors import ModelError
+from npurun.ir import stored as stored_mod
 from npurun.ir.stored import Stored
 
 from conftest import nonzero_normal
@@ -117,20 +118,33 @@ def test_one_weight_under_two_names_is_packed_once(tmp_path, rng):
     assert len(prog._packs) == 1 and prog._released == 2
 
 
-def test_a_changed_file_is_refused_but_the_program_runs_on(tmp_path, rng):
+def test_a_file_replaced_reads_as_loaded_one_changed_in_place_is_refused(tmp_path, rng):
+    """A model file of HOLD_OPEN_MIN bytes or more is held open: replaced or deleted under its
+    name, its weights still read as loaded. Changed in place, it is refused (the program runs on:
+    its packs are all it needs)."""
     w, = _weights(rng)
     p = _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
+    assert p.stat().st_size >= stored_mod.HOLD_OPEN_MIN
     g = npurun.load(p)
     exe = npurun.Executor("cpu")
     x = nonzero_normal(rng, (5, K))
     y0 = exe.run_sync(g, {"x": x})["y"]
-    other = tmp_path / "other.onnx"
+    assert not g.values["w"].stored.resident
     _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w * 2, "w")],
           name="other.onnx")
-    os.replace(other, p)  # the file under the model's name is another one now
+    os.replace(tmp_path / "other.onnx", p)  # a new version saved atomically under the same name
+    np.testing.assert_array_equal(g.values["w"].data, w)  # the loaded bytes
+    g.values["w"].stored.release()
+    g2 = npurun.load(p)  # the new file, for a file changed in place
+    exe2 = npurun.Executor("cpu")
+    exe2.run_sync(g2, {"x": x})
+    with open(p, "r+b") as f:
+        f.seek(-8, 2)
+        f.write(b"\x00" * 8)
+    os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10**9))
     with pytest.raises(ModelError, match="m.onnx: the file changed since the model was loaded"):
-        g.values["w"].data
-    np.testing.assert_array_equal(exe.run_sync(g, {"x": x})["y"], y0)  # its packs are all it needs
+        g2.values["w"].data
+    np.testing.assert_allclose(exe2.run_sync(g2, {"x": x})["y"], 2 * y0, rtol=1e-4, atol=1e-4)
 
 
 def test_the_kernel_falls_back_on_the_weight_read_again(tmp_path, rng):

@@ -3,10 +3,11 @@
 A weight read from an ONNX file is held as a Stored: its array, read at load, plus where its
 bytes lie in the file. A program that runs the weight only through a packed copy of its own
 (the cpu backend's packed sgemm) lets the array go (`release`); whoever asks for it later (a
-second compile, `npurun compile` saving the graph, a test) gets it read again from the file.
+second compile, `npurun compile` saving the graph, a test) gets it read again from the file
+(held open, `Source`, so a file replaced under its name still reads as it was loaded).
 So a model's float32 weights and their packed panels are not both resident for the program's
-life (BERT-base: 835 MB peak against ONNX Runtime's 688, which likewise drops an initializer
-once its kernels have pre-packed it).
+life, as ONNX Runtime drops an initializer once its kernels have pre-packed it (BERT-base's
+peak RSS 835 -> 489 MB; ONNX Runtime's 624-697).
 """
 from __future__ import annotations
 
@@ -19,17 +20,83 @@ import numpy as np
 from ..errors import ModelError
 
 
-class Stored:
-    """The array of one constant, read from bytes [offset, offset + nbytes) of `path` (plain
-    little-endian data of `dtype`, shaped `shape`), kept until `release`."""
+HOLD_OPEN_MIN = 1 << 20  # bytes: a model file from this size on is held open while it is in use
 
-    __slots__ = ("path", "offset", "dtype", "shape", "stamp", "_array", "__weakref__")
+
+class Source:
+    """A model (or external data) file that constants are read from. From HOLD_OPEN_MIN bytes
+    on it is held open while any of its constants lives, so a file replaced or deleted under
+    its name (an atomic save, a new version deployed beside a running server) still reads as
+    it was loaded; a smaller one is opened by name again. Either way a file changed in place
+    (size or mtime not as loaded) is refused with a ModelError."""
+
+    __slots__ = ("path", "stamp", "_file", "_lock", "__weakref__")
+
+    def __init__(self, path, stamp=None):
+        self.path = os.fspath(path)
+        self._lock = threading.Lock()
+        self._file = open(self.path, "rb")
+        st = os.fstat(self._file.fileno())
+        self.stamp = (st.st_size, st.st_mtime_ns)
+        if stamp is not None and self.stamp != tuple(stamp):
+            self._file.close()
+            raise ModelError(f"{self.path}: the file changed since the model was loaded; load it again")
+        if st.st_size < HOLD_OPEN_MIN:
+            self._file.close()
+            self._file = None
+
+    @classmethod
+    def of_open(cls, path, file) -> "Source":
+        """A Source on a file opened already (by onnx's external data resolver, which checks
+        and opens in one step): held open whatever its size, never opened by name again."""
+        self = cls.__new__(cls)
+        self.path, self._lock, self._file = os.fspath(path), threading.Lock(), file
+        st = os.fstat(file.fileno())
+        self.stamp = (st.st_size, st.st_mtime_ns)
+        return self
+
+    def __reduce__(self):  # (a graph sent to another process: the file opened there by name)
+        return Source, (self.path, self.stamp)
+
+    def __del__(self):
+        f = getattr(self, "_file", None)
+        if f is not None:
+            f.close()
+
+    def read_into(self, offset: int, arr: np.ndarray) -> None:
+        try:
+            with self._lock:
+                f = self._file if self._file is not None else open(self.path, "rb")
+                try:
+                    st = os.fstat(f.fileno())
+                    if (st.st_size, st.st_mtime_ns) != self.stamp:
+                        raise ModelError(f"{self.path}: the file changed since the model was loaded (its "
+                                         f"weights are read from it again when needed); load it again")
+                    read_into(f, offset, arr)
+                finally:
+                    if f is not self._file:
+                        f.close()
+        except OSError as e:
+            raise ModelError(f"{self.path}: cannot read the model's weights again ({e.strerror or e}); "
+                             f"load it again") from None
+
+
+class Stored:
+    """The array of one constant, read from bytes [offset, offset + nbytes) of `source` (a
+    Source, or a path; plain little-endian data of `dtype`, shaped `shape`), kept until
+    `release`."""
+
+    __slots__ = ("source", "offset", "dtype", "shape", "_array", "__weakref__")
     _lock = threading.Lock()
 
-    def __init__(self, path, offset: int, dtype: np.dtype, shape: tuple, array: np.ndarray | None = None):
-        self.path, self.offset, self.dtype, self.shape = os.fspath(path), offset, np.dtype(dtype), tuple(shape)
-        self.stamp = _stamp(self.path)
+    def __init__(self, source, offset: int, dtype: np.dtype, shape: tuple, array: np.ndarray | None = None):
+        self.source = source if isinstance(source, Source) else Source(source)
+        self.offset, self.dtype, self.shape = offset, np.dtype(dtype), tuple(shape)
         self._array = array
+
+    @property
+    def path(self) -> str:
+        return self.source.path
 
     @property
     def nbytes(self) -> int:
@@ -48,25 +115,14 @@ class Stored:
             with self._lock:
                 a = self._array
                 if a is None:
-                    a = self._array = self._read()
+                    a = np.empty(self.shape, self.dtype)
+                    self.source.read_into(self.offset, a)
+                    self._array = a
         return a
 
     def release(self) -> None:
         """Let the array go (it is read again if asked for)."""
         self._array = None
-
-    def _read(self) -> np.ndarray:
-        try:
-            if _stamp(self.path) != self.stamp:
-                raise ModelError(f"{self.path}: the file changed since the model was loaded (its weights are "
-                                 f"read from it again when needed); load it again")
-            arr = np.empty(self.shape, self.dtype)
-            with open(self.path, "rb") as f:
-                read_into(f, self.offset, arr)
-        except OSError as e:
-            raise ModelError(f"{self.path}: cannot read the model's weights again ({e.strerror or e}); "
-                             f"load it again") from None
-        return arr
 
 
 def release_unused(source, compiled) -> int:
@@ -102,8 +158,3 @@ def read_into(f, offset: int, arr: np.ndarray) -> None:
         done += got
     if sys.byteorder != "little" and arr.dtype.itemsize > 1:
         arr.byteswap(inplace=True)
-
-
-def _stamp(path: str):
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns, st.st_ino

@@ -24,7 +24,7 @@ import os
 import numpy as np
 import onnx
 
-from ...ir.stored import Stored, read_into
+from ...ir.stored import Source, Stored, read_into
 
 # ModelProto.graph, GraphProto.initializer, TensorProto.{dims, data_type, raw_data, data_location}
 _GRAPH, _INITIALIZER, _DIMS, _DATA_TYPE, _RAW, _LOCATION = 7, 5, 1, 2, 9, 14
@@ -148,11 +148,13 @@ def read(path) -> tuple[onnx.ModelProto, dict]:
         del stripped
         if len(spans) != len(model.graph.initializer):
             raise WireError("initializers counted differently from protobuf")
-        arrays = {k: _array(t, f, path, span) for k, (t, span) in enumerate(zip(model.graph.initializer, spans))
+        source = Source(path)  # (one per file: its constants share it)
+        arrays = {k: _array(t, f, source, span) for k, (t, span) in enumerate(zip(model.graph.initializer, spans))
                   if span is not None}
+    sources: dict = {}
     for k, t in enumerate(model.graph.initializer):
         if k not in arrays and t.data_location == onnx.TensorProto.EXTERNAL:
-            taken = _external(t, path)
+            taken = _external(t, path, sources)
             if taken is not None:
                 arrays[k] = taken
                 del t.external_data[:]  # (so onnx's loader leaves it: read here, once)
@@ -160,36 +162,42 @@ def read(path) -> tuple[onnx.ModelProto, dict]:
     return model, arrays
 
 
-def _external(t, model_path):
+def _external(t, model_path, sources: dict):
     """A plain tensor in an external data file (models over 2 GB keep their weights so) as a
-    Stored on that file; None for anything this does not take (onnx's loader then reads it,
-    with its own checks): another element type, a location that is absolute or leaves the
-    model's folder, a length that disagrees with the shape, a file too short."""
+    Stored on that file; None for anything this does not take (onnx's loader then reads it, or
+    says why not): another element type, a location onnx's own resolver refuses (absolute, out
+    of the model's folder, through a link or a hard link: CVE-2022-25882, CVE-2024-27318), a
+    length that disagrees with the shape, a file too short."""
+    from onnx import external_data_helper as edh
     if t.data_type not in _PLAIN:
         return None
-    info = {e.key: e.value for e in t.external_data}
-    loc = info.get("location", "")
-    base = os.path.realpath(os.path.dirname(os.path.abspath(model_path)))
-    target = os.path.realpath(os.path.join(base, loc))
-    if not loc or os.path.isabs(loc) or os.path.commonpath([base, target]) != base or not os.path.isfile(target):
-        return None
     try:
-        offset = int(info.get("offset", 0))
+        info = edh.ExternalDataInfo(t)
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
         n = 1
         for d in t.dims:
             n *= d
         nbytes = n * dtype.itemsize
-        length = int(info["length"]) if "length" in info else nbytes
-        if any(d < 0 for d in t.dims) or length != nbytes or offset < 0 or offset + nbytes > os.path.getsize(target):
+        offset = info.offset or 0
+        if any(d < 0 for d in t.dims) or (info.length is not None and info.length != nbytes):
             return None
-        with open(target, "rb") as f:
-            return _array(t, f, target, (offset, offset + nbytes))
-    except (ValueError, OSError, WireError):
+        base = os.path.dirname(os.path.abspath(model_path))
+        key = (base, info.location)
+        if key not in sources:
+            # onnx's resolver opens it (the checks and the open are one step: no swap between)
+            fd = edh._open_external_data_fd(base, info.location, t.name, True)
+            sources[key] = Source.of_open(os.path.join(base, info.location), os.fdopen(fd, "rb"))
+        source = sources[key]
+        if offset + nbytes > source.stamp[0]:
+            return None
+        arr = np.empty(tuple(t.dims), dtype)
+        source.read_into(offset, arr)
+        return Stored(source, offset, dtype, tuple(t.dims), arr)
+    except Exception:  # noqa: BLE001 -- whatever it is, onnx's loader meets it again and says it
         return None
 
 
-def _array(t, f, path, span) -> Stored:
+def _array(t, f, source, span) -> Stored:
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
     a, b = span
     n = 1
@@ -199,4 +207,4 @@ def _array(t, f, path, span) -> Stored:
         raise WireError(f"initializer {t.name!r}: shape and bytes disagree")  # (the caller's full parse says how)
     arr = np.empty(tuple(t.dims), dtype)
     read_into(f, a, arr)
-    return Stored(path, a, dtype, tuple(t.dims), arr)
+    return Stored(source, a, dtype, tuple(t.dims), arr)
