@@ -203,3 +203,37 @@ def test_weights_the_passes_replaced_are_let_go(tmp_path, rng):
     p.unlink()
     with pytest.raises(ModelError, match="bn.onnx: cannot read the model's weights again"):
         g.values["w"].data
+
+
+@pytest.mark.parametrize("kind", ["folded", "int8"])
+def test_a_weight_the_passes_made_comes_back_from_its_panels(tmp_path, rng, kind):
+    """A weight no file holds (a scale folded into a MatMul's weight by a pass; int8 weights
+    dequantized at import) lives in its packed panels alone, and reads back from them exactly:
+    float32 panels, or int8 panels times their column scales."""
+    from npurun.passes.pipeline import prepare
+    w, = _weights(rng)
+    if kind == "folded":
+        s = np.abs(nonzero_normal(rng, (N,))) + 0.5
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Mul", ["t", "s"], ["y"])]
+        inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(s.astype(np.float32), "s")]
+    else:
+        q = rng.integers(-127, 128, size=(K, N), dtype=np.int8)
+        q[0] = 127  # (each column's scale is then max |w| / 127, as int8_columns finds it)
+        scale = (np.abs(nonzero_normal(rng, (N,))) * 0.01).astype(np.float32)
+        nodes = [helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["wd"], axis=1),
+                 helper.make_node("MatMul", ["x", "wd"], ["y"])]
+        inits = [numpy_helper.from_array(q, "q"), numpy_helper.from_array(scale, "scale"),
+                 numpy_helper.from_array(np.zeros(N, np.int8), "zp")]
+    g = npurun.load(_save(tmp_path, nodes, inits))
+    exe = npurun.Executor("cpu")
+    prog, check = _run(g, rng)
+    made = [v for v in prog.graph.values.values()
+            if isinstance(v.stored, Stored) and isinstance(v.stored.source, fused.PackedSource)]
+    assert len(made) == 1 and not made[0].stored.resident and prog._released == 1
+    if kind == "int8":
+        assert prog._packs[(made[0].stored, 0, 1.0)]["bq"] is not None  # packed as int8 panels
+    again = prepare(g, exe.device, None)  # the same passes: the weight made afresh
+    want = again.values[next(n for n in again.nodes if n.op in ("matmul", "matmul_add", "gemm")).inputs[1]].data
+    got = made[0].data
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    check()

@@ -90,7 +90,8 @@ class Stored:
     _lock = threading.Lock()
 
     def __init__(self, source, offset: int, dtype: np.dtype, shape: tuple, array: np.ndarray | None = None):
-        self.source = source if isinstance(source, Source) else Source(source)
+        # (a path, a Source, or any object with `path` and `read_into(offset, arr)`)
+        self.source = Source(source) if isinstance(source, (str, os.PathLike)) else source
         self.offset, self.dtype, self.shape = offset, np.dtype(dtype), tuple(shape)
         self._array = array
 

@@ -43,12 +43,26 @@ class CpuProgram(Program):
     def __init__(self, graph, backend: "CpuBackend"):
         self.threads = backend.parallelism
         self._backend = backend
+        self.graph = graph  # (Program.__init__ sets it too; the weight scan below reads it)
         self._packs: dict = {}  # weight (its Stored, or its array's id) -> packed copy, shared
         self._readers = readers(graph)  # (a region's captures count as its owner's reads)
         self._aliases: dict = {}  # Stored -> every name it goes by (Identity aliases share it)
+        plain: dict = {}  # weights the passes made (no file holds them): id -> (array, names)
         for nm, v in graph.values.items():
             if isinstance(v.stored, Stored):
                 self._aliases.setdefault(v.stored, []).append(nm)
+            elif isinstance(v.stored, np.ndarray) and v.stored.dtype == np.float32 and v.stored.ndim == 2 \
+                    and v.stored.nbytes >= RELEASE_MIN:
+                plain.setdefault(id(v.stored), (v.stored, []))[1].append(nm)
+        # Such a weight, if only linear nodes read it, is held by a Stored whose bytes come back
+        # from its packed panels (fused.PackedSource), so it too lives in its packs alone.
+        for a, names in plain.values():
+            if self._linear_only(names, plain=True):
+                holder = Stored(fused_ops.PackedSource(), 0, a.dtype, a.shape, a)
+                for nm in names:
+                    graph.values[nm].stored = holder
+                self._aliases[holder] = names
+        plain = a = None  # (held here, the arrays would outlive their packing)
         self._released = 0
         kernels = dict(KERNELS)
         kernels["conv"] = self._conv
@@ -101,14 +115,21 @@ class CpuProgram(Program):
         their weight operand (matmul, matmul_add, gemm), with the compiled kernels there to
         run them."""
         s = v.stored
-        if not isinstance(s, Stored) or s.dtype != np.float32 or len(s.shape) != 2 or s.nbytes < RELEASE_MIN \
-                or native.LIB is None:
+        if not isinstance(s, Stored) or s.dtype != np.float32 or len(s.shape) != 2 or s.nbytes < RELEASE_MIN:
             return False
-        names = self._aliases.get(s, [])
+        return self._linear_only(self._aliases.get(s, []), plain=isinstance(s.source, fused_ops.PackedSource))
+
+    def _linear_only(self, names, plain: bool) -> bool:
+        """Whether only linear nodes read the weight that goes by `names`, as their weight
+        operand, with the compiled kernels there to run them; for one that comes back from its
+        panels (`plain`), gemm's alpha is 1 (panels scaled by alpha would not give it back)."""
+        if native.LIB is None:
+            return False
         nodes = [n for nm in names for n in self._readers.get(nm, ())]
         return bool(nodes) and not set(names) & set(self.graph.outputs) and all(
             n.op in ("matmul", "matmul_add", "gemm") and n.precision in (None, "f32") and not n.regions
-            and n.inputs[1] in names and not set(names) & set(n.inputs[:1] + n.inputs[2:]) for n in nodes)
+            and n.inputs[1] in names and not set(names) & set(n.inputs[:1] + n.inputs[2:])
+            and not (plain and n.op == "gemm" and n.attrs.get("alpha", 1.0) != 1.0) for n in nodes)
 
     def _subprogram(self, region):
         """A control-flow region's program is a cpu program too (its kernels use this one's

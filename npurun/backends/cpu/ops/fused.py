@@ -72,6 +72,25 @@ def linear_kernel(program, fallback, cache: dict | None = None):
     return linear
 
 
+class PackedSource:
+    """Where a weight that no file holds (one the passes made: a BatchNorm folded into a
+    Linear) is read again from once let go (ir/stored.py): its own packed panels, unpacked,
+    exactly (matmul.unpack)."""
+
+    path = "<packed weights>"
+
+    def __init__(self):
+        self.cache, self.trans = None, False
+
+    def bind(self, cache: dict, trans: bool) -> None:
+        self.cache, self.trans = cache, trans
+
+    def read_into(self, offset: int, arr: np.ndarray) -> None:
+        K, N = arr.shape[::-1] if self.trans else arr.shape
+        w = MM.unpack(self.cache, K, N)
+        arr[...] = w.T if self.trans else w
+
+
 def packed_linear(program, cache: dict, stored, trans: bool = False, alpha: float = 1.0):
     """a @ W [+ adds] where W (stored's matrix, transposed with `trans`, times alpha) lives
     only in its packed panels: packed now into `cache` (shared by the nodes reading the same
@@ -88,6 +107,8 @@ def packed_linear(program, cache: dict, stored, trans: bool = False, alpha: floa
         cache.update(b=standin, standin=standin)
     if "standin" not in cache or cache.get("isa") != native.ISA:
         pack()
+    if isinstance(stored.source, PackedSource) and alpha == 1.0:  # (the program only lets alpha 1 through)
+        stored.source.bind(cache, trans)
     stored.release()
     standin = cache["standin"]
 

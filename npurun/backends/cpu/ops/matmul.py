@@ -203,6 +203,17 @@ def _pack_q8(q, s, nr):
     return np.ascontiguousarray(qp.reshape(K, panels, nr).transpose(1, 0, 2)), sp
 
 
+def unpack(cache, K: int, N: int) -> np.ndarray:
+    """The (K, N) float32 matrix `prepare` packed into `cache`, back from its panels: exactly
+    (float32 panels hold its floats; int8 panels hold values whose float32 product with their
+    column's scale is each float, as int8_columns checked)."""
+    nr = cache["nr"]
+    if cache.get("bq") is not None:
+        q = cache["bq"].reshape(-1, K, nr).transpose(1, 0, 2).reshape(K, -1)[:, :N]
+        return q.astype(np.float32) * cache["scale"][:N]
+    return np.ascontiguousarray(cache["bp"].reshape(-1, K, nr).transpose(1, 0, 2).reshape(K, -1)[:, :N])
+
+
 def prepare(cache, b) -> None:
     """Pack constant weights b into `cache` for `linear`, now (for this machine's ISA)."""
     _prepare(cache, b, native.ISA, _lib(), True)
