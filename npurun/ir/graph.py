@@ -70,11 +70,6 @@ class Value:
         return self.stored is not None
 
     @property
-    def released(self) -> bool:
-        """A constant whose array a program let go (ir/stored.py): reading `data` reads the file."""
-        return isinstance(self.stored, Stored) and not self.stored.resident
-
-    @property
     def nbytes(self) -> int | None:
         n = numel(self.shape)
         return None if n is None else n * to_numpy(self.dtype).itemsize

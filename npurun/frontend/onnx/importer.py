@@ -38,7 +38,7 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
 
 def _read(path, weights: bool) -> tuple[onnx.ModelProto, dict]:
     """The parsed model, and with `weights` its main graph's plain initializers read straight
-    into arrays ({index: array}; see wire.py) instead of into the message."""
+    into arrays ({index: Stored}; see wire.py) instead of into the message."""
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"{path}: no such file")

@@ -24,10 +24,10 @@ import os
 import numpy as np
 import onnx
 
-from ...ir.stored import Source, Stored, read_into
+from ...ir.stored import Source, Stored
 
-# ModelProto.graph, GraphProto.initializer, TensorProto.{dims, data_type, raw_data, data_location}
-_GRAPH, _INITIALIZER, _DIMS, _DATA_TYPE, _RAW, _LOCATION = 7, 5, 1, 2, 9, 14
+# ModelProto.graph, GraphProto.initializer, TensorProto.{data_type, raw_data, data_location}
+_GRAPH, _INITIALIZER, _DATA_TYPE, _RAW, _LOCATION = 7, 5, 2, 9, 14
 _LEN = 2  # wire type of length-delimited fields (messages, bytes, packed repeated scalars)
 # Element types whose raw_data is exactly the little-endian NumPy array of their dtype.
 _PLAIN = {onnx.TensorProto.FLOAT, onnx.TensorProto.UINT8, onnx.TensorProto.INT8,
@@ -149,8 +149,8 @@ def read(path) -> tuple[onnx.ModelProto, dict]:
         if len(spans) != len(model.graph.initializer):
             raise WireError("initializers counted differently from protobuf")
         source = Source(path)  # (one per file: its constants share it)
-        arrays = {k: _array(t, f, source, span) for k, (t, span) in enumerate(zip(model.graph.initializer, spans))
-                  if span is not None}
+        arrays = {k: _array(t, source, span[0], span[1] - span[0])
+                  for k, (t, span) in enumerate(zip(model.graph.initializer, spans)) if span is not None}
     sources: dict = {}
     for k, t in enumerate(model.graph.initializer):
         if k not in arrays and t.data_location == onnx.TensorProto.EXTERNAL:
@@ -173,38 +173,33 @@ def _external(t, model_path, sources: dict):
         return None
     try:
         info = edh.ExternalDataInfo(t)
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
-        n = 1
-        for d in t.dims:
-            n *= d
-        nbytes = n * dtype.itemsize
-        offset = info.offset or 0
-        if any(d < 0 for d in t.dims) or (info.length is not None and info.length != nbytes):
-            return None
         base = os.path.dirname(os.path.abspath(model_path))
         key = (base, info.location)
         if key not in sources:
             # onnx's resolver opens it (the checks and the open are one step: no swap between)
             fd = edh._open_external_data_fd(base, info.location, t.name, True)
             sources[key] = Source.of_open(os.path.join(base, info.location), os.fdopen(fd, "rb"))
-        source = sources[key]
-        if offset + nbytes > source.stamp[0]:
+        offset = info.offset or 0
+        length = info.length if info.length is not None else _nbytes(t)
+        if offset + length > sources[key].stamp[0]:
             return None
-        arr = np.empty(tuple(t.dims), dtype)
-        source.read_into(offset, arr)
-        return Stored(source, offset, dtype, tuple(t.dims), arr)
+        return _array(t, sources[key], offset, length)
     except Exception:  # noqa: BLE001 -- whatever it is, onnx's loader meets it again and says it
         return None
 
 
-def _array(t, f, source, span) -> Stored:
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
-    a, b = span
-    n = 1
+def _nbytes(t) -> int:
+    n = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
     for d in t.dims:
         n *= d
-    if any(d < 0 for d in t.dims) or n * dtype.itemsize != b - a:
+    return n
+
+
+def _array(t, source, offset: int, length: int) -> Stored:
+    """Tensor t's `length` bytes at `offset` of `source`, read into its array."""
+    if any(d < 0 for d in t.dims) or _nbytes(t) != length:
         raise WireError(f"initializer {t.name!r}: shape and bytes disagree")  # (the caller's full parse says how)
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
     arr = np.empty(tuple(t.dims), dtype)
-    read_into(f, a, arr)
-    return Stored(source, a, dtype, tuple(t.dims), arr)
+    source.read_into(offset, arr)
+    return Stored(source, offset, dtype, tuple(t.dims), arr)
