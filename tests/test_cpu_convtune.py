@@ -33,6 +33,29 @@ def test_gemm_conv_matches_reference(case, threads, rng):
                acts=(None, "relu", "silu", "clip"))
 
 
+
+BATCHED = [  # several small images: their im2col columns share products
+    ((64, 32, 1, 21), (150, 32, 1, 10), {}),                                    # Keras Conv1D, deepcut
+    ((7, 5, 9, 11), (6, 5, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((5, 4, 6, 6), (8, 4, 3, 3), {"pads": [0, 1, 2, 1], "dilations": [1, 2]}),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(BATCHED)))
+def test_gemm_conv_folds_small_images_of_a_batch(case, threads, rng, monkeypatch):
+    """algo="gemm" on a batch of small images: several images a product (a last product of
+    fewer), matching the reference and bit for bit the same as one image at a time."""
+    monkeypatch.setattr(nativeconv, "GEMM_FOLD_COLS", 64)  # several products, the last one short
+    xs, ws, a = BATCHED[case]
+    x = nonzero_normal(rng, xs)
+    w = nonzero_normal(rng, ws) * 0.3
+    b = nonzero_normal(rng, ws[:1])
+    check_conv("gemm", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, None, acts=(None, "relu"))
+    whole = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, threads, {}, None, "gemm")
+    one = [nativeconv.conv2d(x[i:i + 1], w, b, _attrs(a), "relu", {}, threads, {}, None, "gemm") for i in range(len(x))]
+    assert np.array_equal(whole, np.concatenate(one))
+
 TUNED = [  # big enough to be measured, each with several candidates
     ((1, 32, 20, 20), (48, 32, 3, 3), {"pads": [1, 1, 1, 1]}),   # 3x3: + winograd
     ((1, 64, 14, 14), (96, 64, 1, 1), {}),                        # 1x1

@@ -24,7 +24,7 @@ PASSES = ["eliminate_dead_code", "simplify_shapes", "remove_noops", "fold_batchn
           "layout_block4x4", "layout_nchwc", "fold_affine", "fuse_hard_swish", "fuse_swish", "fuse_gelu",
           "fuse_activation", "fuse_masked_softmax", "fuse_matmul_add", "sink_gather", "fuse_affine_chain",
           "fuse_pad", "push_transposes", "fuse_layer_norm", "batch_shared_weights", "fuse_attention",
-          "inline_constant_if", "fuse_rotary"]
+          "inline_constant_if", "fuse_rotary", "lift_over_views"]
 ESPCN = Path(npurun.__file__).parent / "zoo" / "espcn_x3.onnx"
 
 
@@ -278,3 +278,17 @@ def test_rotary_cpu_kernel_is_bit_identical(rng):
     chain = x * c + np.concatenate([-x[..., h:], x[..., :h]], -1) * s
     got = FACTORIES["rope_half"](None)(x, c, s)
     assert np.array_equal(got, chain) and np.array_equal(KERNELS["rope_half"](x, c, s), chain)
+
+
+def test_conv1d_bias_and_activation_after_a_squeeze_fold_into_the_conv(rng):
+    """A Keras Conv1D as tf2onnx writes it (conv -> squeeze -> bias add -> relu): through
+    lift_over_views the cpu pipeline leaves one conv with the bias and the ReLU in it, and the
+    view after it; the second conv's add varies along merged axes and stays."""
+    g = verify(parse((CASES / "lift_over_views.before.npuir").read_text()))
+    want = _run(g, feeds := _feeds(g, rng))
+    g2 = run_pipeline(g, pipeline_for("cpu"), verify_each=True)
+    convs = [n for n in g2.nodes if n.op == "conv"]
+    assert sorted(n.attrs.get("activation") or "" for n in convs) == ["", "relu"]
+    assert [n.op for n in g2.nodes].count("relu") == 0
+    assert [n.op for n in g2.nodes].count("add") == 1  # the one across merged axes
+    _assert_same(want, _run(g2, feeds), 1e-6)

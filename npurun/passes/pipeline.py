@@ -39,6 +39,7 @@ from .fuse_pad import fuse_pad
 from .fuse_rotary import fuse_rotary
 from .fuse_swish import fuse_swish
 from .inline_constant_if import inline_constant_if
+from .lift_over_views import lift_over_views
 from .push_transposes import push_transposes
 from .remove_noops import remove_noops
 from .simplify_shapes import simplify_shapes
@@ -61,11 +62,11 @@ Pass = Callable[[Graph], Graph]
 STANDARD: list[Pass] = [fold_constants, inline_constant_if, simplify_shapes, fold_constants, simplify_shapes,
                         fold_constants, remove_noops, push_transposes, fuse_pad, fold_batchnorm, fuse_ops,
                         remove_noops, eliminate_dead_code]
-# The cpu backend's lowering: affines into convs first (a conv + BN + ReLU then takes the ReLU
-# as its epilogue), activations spelled out in ops made single ops before the epilogue
+# The cpu backend's lowering: ops after a view of a conv's result moved before the view, then
+# affines into convs (a conv + BN + ReLU then takes the ReLU as its epilogue), activations spelled out in ops made single ops before the epilogue
 # fusion, the softmax's mask add before the matmul adds (which would take it otherwise), the
 # scalar affine runs last (they take what the others left).
-CPU_LOWERING: list[Pass] = [fold_affine, fuse_layer_norm, fuse_hard_swish, fuse_swish, fuse_gelu, fuse_activation,
+CPU_LOWERING: list[Pass] = [lift_over_views, fold_affine, fuse_layer_norm, fuse_hard_swish, fuse_swish, fuse_gelu, fuse_activation,
                             fuse_masked_softmax, fuse_attention, fuse_rotary, fuse_matmul_add, batch_shared_weights,
                             sink_gather, fuse_affine_chain, eliminate_dead_code]
 PIPELINES: dict[str, list[Pass]] = {

@@ -59,11 +59,16 @@ def path() -> Path:
     return Path(os.environ.get("NPURUN_CONV_TUNE_FILE") or Path.home() / ".cache" / "npurun" / "convtune.json")
 
 
+# Bumped when a kernel changes enough to move choices (2: im2col + sgemm folds a batch's small
+# images into one product): choices measured against the old kernels are then measured again.
+KERNELS = 2
+
+
 def machine() -> str:
-    """What the choices depend on: the CPU's model and count and the kernels' ISA (the key
-    holds the thread count)."""
+    """What the choices depend on: the CPU's model and count, the kernels' ISA and version (the
+    key holds the thread count)."""
     from . import native
-    return f"{cpu_model()} / {os.cpu_count()} cpus / {native.ISA}"
+    return f"{cpu_model()} / {os.cpu_count()} cpus / {native.ISA}" + (f" / kernels {KERNELS}" if KERNELS > 1 else "")
 
 
 def _file(p: Path) -> dict:
