@@ -36,7 +36,7 @@ static void scratch_free(void *p)
 
 static void scratch_key_make(void) { pthread_key_create(&scratch_key, scratch_free); }
 
-static void *scratch(int slot, size_t bytes)
+void *npr_scratch(int slot, size_t bytes)
 {
     pthread_once(&scratch_once, scratch_key_make);
     scratch_t *s = pthread_getspecific(scratch_key);

@@ -1,7 +1,7 @@
 /* The conv GEMM of conv_gemm.c, written once for a vector width and included twice: AVX2
  * (VL 8, MR 8, NVM 1) and AVX-512 (VL 16, MR 8, NVM 3). The includer defines VEC, VL, MR, NVM
  * (optional), VLOAD, VBCAST, VSET1, VFMA, VZERO, VADD, VACT, VSTORE, STORE_PART (the first n
- * floats of a vector) and the names KERNEL, CONVG; scratch() and par.h come before. */
+ * floats of a vector) and the names KERNEL, CONVG; npr_scratch() and par.h come before. */
 #ifndef NVM
 #define NVM 3           /* vectors of pixels per tile */
 #endif
@@ -134,7 +134,7 @@ static int CAT(CONVG, _prep)(const float *x, int C, int H, int W, int kh, int kw
     long Wp = Wo + (long)(kw - 1) * dw / sw, rows = (r1 - r0) + (long)(kh - 1) * dh / sh + 1;
     long cp = rows * Wp, K = (long)C * kh * kw, planes = (long)C * sh * sw;
     size_t nx = ((size_t)planes * cp + NR + 15) & ~(size_t)15;
-    float *xp = scratch(0, sizeof(float) * nx + sizeof(long) * (size_t)K);
+    float *xp = npr_scratch(0, sizeof(float) * nx + sizeof(long) * (size_t)K);
     if (!xp) return -1;
     long *off = (long *)(xp + nx);
     float *d = xp;
@@ -180,7 +180,7 @@ static int CAT(CONVG, _tiles)(const CAT(CONVG, _sh) *s, long K, const float *wp,
 {
     long plane = (long)Ho * Wo, Wp = s->Wp;
     int mp = (M + MR - 1) / MR * MR;
-    float *tile = scratch(1, sizeof(float) * (size_t)mp * NR);
+    float *tile = npr_scratch(1, sizeof(float) * (size_t)mp * NR);
     if (!tile) return -1;
     for (long q = 0; q < s->total; q += NR) {
         int n = s->total - q < NR ? (int)(s->total - q) : NR;
@@ -224,7 +224,7 @@ int CONVG(const float *x, int C, int H, int W, const float *wp, const float *bia
         }
         return 0;
     }
-    float *buf = scratch(0, sizeof(float) * (size_t)K * NR + 2 * sizeof(long) * (size_t)K);
+    float *buf = npr_scratch(0, sizeof(float) * (size_t)K * NR + 2 * sizeof(long) * (size_t)K);
     if (!buf) return -1;
     long *off = (long *)(buf + K * NR), *offd = off + K;
     for (long k = 0; k < K; k++) { off[k] = k * NR; offd[k] = k * plane; }

@@ -34,7 +34,7 @@ def test_gemm_conv_matches_reference(case, threads, rng):
 
 
 
-BATCHED = [  # several small images: their im2col columns share products
+BATCHED = [  # several small images: a panel of output pixels spans images
     ((64, 32, 1, 21), (150, 32, 1, 10), {}),                                    # Keras Conv1D, deepcut
     ((7, 5, 9, 11), (6, 5, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ((5, 4, 6, 6), (8, 4, 3, 3), {"pads": [0, 1, 2, 1], "dilations": [1, 2]}),
@@ -43,15 +43,14 @@ BATCHED = [  # several small images: their im2col columns share products
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", range(len(BATCHED)))
-def test_gemm_conv_folds_small_images_of_a_batch(case, threads, rng, monkeypatch):
-    """algo="gemm" on a batch of small images: several images a product (a last product of
-    fewer), matching the reference and bit for bit the same as one image at a time."""
-    monkeypatch.setattr(nativeconv, "GEMM_FOLD_COLS", 64)  # several products, the last one short
+def test_gemm_conv_on_a_batch_of_small_images(case, threads, rng):
+    """algo="gemm" on a batch whose images are smaller than a panel (the pixels of all images
+    are one run of panels): the reference's result, and bit for bit one image at a time."""
     xs, ws, a = BATCHED[case]
     x = nonzero_normal(rng, xs)
     w = nonzero_normal(rng, ws) * 0.3
     b = nonzero_normal(rng, ws[:1])
-    check_conv("gemm", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, None, acts=(None, "relu"))
+    check_conv("gemm", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, None, acts=(None, "relu", "silu"))
     whole = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, threads, {}, None, "gemm")
     one = [nativeconv.conv2d(x[i:i + 1], w, b, _attrs(a), "relu", {}, threads, {}, None, "gemm") for i in range(len(x))]
     assert np.array_equal(whole, np.concatenate(one))

@@ -414,80 +414,35 @@ def _smallc(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
     return y
 
 
-# Images of a batch whose im2col matrices are narrow go into one product, side by side, up to
-# this many pixel columns (and GEMM_FOLD_BYTES of matrix): each product's call, packing and
-# hand-off to the pool then serves several images. deepcut's 64 sequences of 21 characters
-# (Keras Conv1D, 10-19 outputs each) ran as 64 products of 12 columns.
-GEMM_FOLD_COLS = 512
-GEMM_FOLD_BYTES = 8 << 20
-
-
 def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache, threads=1, flops=0.0):
-    """y[i] = act([W | bias] @ [im2col(x[i]); 1]): the bias rides the GEMM as a row of ones,
-    then the activation in place. im2col is one strided NumPy copy from a zero-padded image,
-    packed into the panels of transformer.c's sgemm (16 or 32 pixels each), which runs on the
-    library's pool (csrc/gemm_mt.c). Not NumPy's BLAS: its threads spin after a call and on
-    2 vCPUs took a core from the next kernel's pool workers (PP-OCRv4 det: a Winograd conv
-    right after BLAS convs ran 2x its time), and a product there has no preemption points.
-    The packed sgemm runs at BLAS's speed here (AVX2 EPYC: 31-37 GFLOP/s a thread, 50-73 on
-    two). Small images of a batch share a product (GEMM_FOLD_COLS): their columns side by
-    side, the result copied out to each image's channels. Pieces on a contended device: ranges
-    of panels (each computed as in the whole call, so bit-identical)."""
+    """y[i] = act([W | bias] @ [im2col(x[i]); 1]) by csrc/im2col_gemm.c: the bias rides the
+    GEMM as a row of ones; each panel of output pixels (16 or 32) is packed straight from the
+    input into transformer.c's sgemm layout, multiplied, and written out with its activation,
+    on the library's pool (par.h). The pixels of all images are one run of panels, so small
+    images share them (deepcut's 64 sequences of 12 output pixels each ran as 64 products of
+    one half-empty panel). Not NumPy's BLAS: its threads spin after a call and on 2 vCPUs took
+    a core from the next kernel's pool workers (PP-OCRv4 det: a Winograd conv right after BLAS
+    convs ran 2x its time), and a product there has no preemption points. Pieces on a
+    contended device: ranges of panels (each computed as in the whole call: bit-identical)."""
     n, c, h, wd = x.shape
     m, ho, wo = y.shape[1:]
     kh, kw, sh, sw, dh, dw, pt, pl = geo
     k = c * kh * kw
-    hw = ho * wo
     if "gemm" not in cache:
         wb = np.empty((m, k + 1), np.float32)
         wb[:, :k] = w.reshape(m, k)
         wb[:, k] = 0 if b is None else b
         cache["gemm"] = wb
     wb = cache["gemm"]
-    pb, pr = max(0, end[0]), max(0, end[1])
-    # images per product: 1 for a wide image (its product writes straight into y)
-    fold = max(1, min(n, -(-GEMM_FOLD_COLS // hw), GEMM_FOLD_BYTES // (4 * (k + 1) * hw)))
-    cols = fold * hw
-    bmat = np.empty((k + 1, cols), np.float32)
-    bmat[k] = 1
     isa = native.ISA
     nr = getattr(LIB, f"npr_gemm_nr_{isa}")()
-    panels = -(-cols // nr)
-    bp = np.empty(panels * (k + 1) * nr, np.float32)
-    out = np.empty((m, cols), np.float32) if fold > 1 else None
-    cut = pieces.split(panels, flops * fold / (PIECE_FLOPS * threads), cal=cache) if pieces.wanted() \
+    panels = -(-(n * ho * wo) // nr)
+    cut = pieces.split(panels, flops * n / (PIECE_FLOPS * threads), cal=cache) if pieces.wanted() \
         else [(0, panels)]
-    for i0 in range(0, n, fold):
-        g = min(fold, n - i0)
-        if g < fold:  # the last product of a batch: fewer images, so fewer columns and panels
-            bmat, out = np.empty((k + 1, g * hw), np.float32), np.empty((m, g * hw), np.float32)
-            bmat[k] = 1
-            panels = -(-(g * hw) // nr)
-            cut = [(p0, min(p1, panels)) for p0, p1 in cut if p0 < panels]
-        if pt or pl or pb or pr:
-            xp = np.zeros((g, c, h + pt + pb, wd + pl + pr), np.float32)
-            xp[:, :, pt:pt + h, pl:pl + wd] = x[i0:i0 + g]
-        else:
-            xp = x[i0:i0 + g]
-        ns, cs, rs, es = xp.strides
-        view = np.lib.stride_tricks.as_strided(
-            xp, (c, kh, kw, g, ho, wo), (cs, rs * dh, es * dw, ns, rs * sh, es * sw))
-        bmat[:k].reshape(c, kh, kw, g, ho, wo)[...] = view
-        getattr(LIB, f"npr_gemm_pack_{isa}")(ptr(bmat), ptr(bp), k + 1, g * hw)
-        yi = y[i0].reshape(m, hw) if fold == 1 else out
-        for p0, p1 in pieces.each(cut):
-            if threads > 1:
-                LIB.npr_gemm_range_mt(int(isa == "avx512"), ptr(wb), ptr(bp), ptr(yi), 0, 0, m, k + 1, g * hw,
-                                      p0, p1, threads, min(threads, p1 - p0))
-            else:
-                getattr(LIB, f"npr_gemm_{isa}")(ptr(wb), ptr(bp), ptr(yi), 0, 0, m, k + 1, g * hw, p0, p1)
-        if code:
-            if threads > 1:
-                LIB.npr_activation_mt(ptr(yi), ptr(yi), yi.size, code, alpha, beta, threads, threads)
-            else:
-                LIB.npr_activation(ptr(yi), ptr(yi), yi.size, code, alpha, beta)
-        if fold > 1:  # (m, g*hw) -> the images' (m, hw) planes
-            y[i0:i0 + g].reshape(g, m, hw)[...] = yi.reshape(m, g, hw).transpose(1, 0, 2)
+    for p0, p1 in pieces.each(cut):
+        _check(LIB.npr_im2col_gemm_mt(ptr(x), n, c, h, wd, ptr(wb), m, kh, kw, sh, sw, dh, dw, pt, pl,
+                                      code, alpha, beta, ptr(y), ho, wo, int(isa == "avx512"), nr, p0, p1,
+                                      threads, max(1, min(threads * 4, p1 - p0)) if threads > 1 else 1))
     return y
 
 

@@ -1,0 +1,138 @@
+/* A dense conv as im2col + transformer.c's packed sgemm, one panel of output pixels at a time:
+ *     y (M, pixels) = act([W | bias] (M, K + 1) @ [im2col(x); 1] (K + 1, pixels))
+ * Each panel's NR columns of the im2col matrix are written straight from the input into the
+ * sgemm's packed layout (bounds checks stand in for the padding), multiplied while they are
+ * in L1/L2, and the panel's (M, NR) result goes out with its activation to each pixel's image
+ * and channel. The pixels of all images of a batch are one run of columns, so small images
+ * share panels (a Keras Conv1D over 64 sequences of 21 characters: 12 pixels an image).
+ *
+ * It replaced nativeconv._gemm's NumPy im2col, a separate pack pass and, for a batch, a
+ * NumPy transpose of the result: on deepcut's convs (64 x 32 x 1 x 21) that was 0.4-0.8 ms
+ * a conv around a 0.5 ms product, none of it on the pool's threads. Panels [p0, p1) are
+ * split into `chunks` on the library's pool (par.h); each panel is computed as in the whole
+ * call, so pieces (ranges of panels) are bit-identical to it. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <string.h>
+#include "par.h"
+
+void npr_gemm_avx2(const float *, const float *, float *, const float *, const float *, long, long, long, long, long);
+void npr_gemm_avx512(const float *, const float *, float *, const float *, const float *, long, long, long, long, long);
+void npr_activation(const float *x, float *y, long n, int act, float alpha, float beta);
+void *npr_scratch(int slot, size_t bytes);
+
+#define NR_MAX 32
+
+typedef struct {
+    const float *x, *wb;
+    float *y;
+    long C, H, W, M, K1, Ho, Wo, pixels;  /* K1 = C*kh*kw + 1; pixels: over all images */
+    int kh, kw, sh, sw, dh, dw, pt, pl, act, isa512, nr;
+    float alpha, beta;
+    long p0, p1;
+    int chunks;
+    atomic_int rc;
+} ig_job;
+
+/* One panel's columns as runs along an output row: columns [t, t + len) are pixels
+ * (img, oy, ox + u) for u < len. */
+typedef struct { int t, len; long img, oy, ox; } run_t;
+
+static int row_runs(const ig_job *j, long col0, int nc, run_t *r)
+{
+    int n = 0;
+    long hw = j->Ho * j->Wo;
+    for (int t = 0; t < nc;) {
+        long col = col0 + t, img = col / hw, pix = col % hw, oy = pix / j->Wo, ox = pix % j->Wo;
+        int len = (int)(j->Wo - ox < nc - t ? j->Wo - ox : nc - t);
+        r[n++] = (run_t){t, len, img, oy, ox};
+        t += len;
+    }
+    return n;
+}
+
+/* bp (K1 x nr) = the panel's im2col columns, zero past nc and where a tap falls in the padding;
+ * the last row is ones (the bias). */
+static void pack_panel(const ig_job *j, const run_t *runs, int nruns, int nc, float *bp)
+{
+    const int nr = j->nr, sw = j->sw;
+    float *dst = bp;
+    for (long ci = 0; ci < j->C; ci++)
+        for (int ky = 0; ky < j->kh; ky++)
+            for (int kx = 0; kx < j->kw; kx++, dst += nr) {
+                for (int q = 0; q < nruns; q++) {
+                    const run_t *r = &runs[q];
+                    float *d = dst + r->t;
+                    long iy = r->oy * j->sh - j->pt + (long)ky * j->dh;
+                    if (iy < 0 || iy >= j->H) {
+                        for (int u = 0; u < r->len; u++) d[u] = 0.0f;
+                        continue;
+                    }
+                    long ix0 = r->ox * sw - j->pl + (long)kx * j->dw;  /* column u reads ix0 + u*sw */
+                    int lo = ix0 >= 0 ? 0 : (int)((-ix0 + sw - 1) / sw);
+                    int hi = ix0 >= j->W ? 0 : (int)((j->W - ix0 + sw - 1) / sw);
+                    if (lo > r->len) lo = r->len;
+                    if (hi > r->len) hi = r->len;
+                    if (hi < lo) hi = lo;
+                    const float *s = j->x + ((r->img * j->C + ci) * j->H + iy) * j->W + ix0;
+                    /* (loops, not memcpy / memset: runs are a few to 32 floats, where a
+                     * library call per run was most of the packing time) */
+                    for (int u = 0; u < lo; u++) d[u] = 0.0f;
+                    if (sw == 1)
+                        for (int u = lo; u < hi; u++) d[u] = s[u];
+                    else
+                        for (int u = lo; u < hi; u++) d[u] = s[(long)u * sw];
+                    for (int u = hi; u < r->len; u++) d[u] = 0.0f;
+                }
+                for (int t = nc; t < nr; t++) dst[t] = 0.0f;
+            }
+    for (int t = 0; t < nr; t++) dst[t] = t < nc ? 1.0f : 0.0f;
+}
+
+static void ig_chunk(void *ctx, int i)
+{
+    ig_job *j = ctx;
+    long p0 = par_at(j->p0, j->p1, i, j->chunks), p1 = par_at(j->p0, j->p1, i + 1, j->chunks);
+    if (p1 <= p0) return;
+    const int nr = j->nr;
+    long hw = j->Ho * j->Wo;
+    float *bp = npr_scratch(0, sizeof(float) * (size_t)j->K1 * nr);
+    float *tile = npr_scratch(1, sizeof(float) * (size_t)j->M * nr);
+    if (!bp || !tile) {
+        atomic_store(&j->rc, -1);
+        return;
+    }
+    run_t runs[NR_MAX];
+    for (long p = p0; p < p1; p++) {
+        long col0 = p * nr;
+        int nc = (int)(j->pixels - col0 < nr ? j->pixels - col0 : nr);
+        int nruns = row_runs(j, col0, nc, runs);
+        pack_panel(j, runs, nruns, nc, bp);
+        (j->isa512 ? npr_gemm_avx512 : npr_gemm_avx2)(j->wb, bp, tile, NULL, NULL, j->M, j->K1, nr, 0, 1);
+        /* the activation over the whole tile (one call: per row and image it was ~10% of a
+         * small-image conv), then out to the images: runs of pixels of one image each */
+        if (j->act) npr_activation(tile, tile, j->M * nr, j->act, j->alpha, j->beta);
+        for (int t = 0; t < nc;) {
+            long col = col0 + t, img = col / hw, pix = col % hw;
+            int len = (int)(hw - pix < nc - t ? hw - pix : nc - t);
+            float *y = j->y + img * j->M * hw + pix;
+            for (long m = 0; m < j->M; m++) memcpy(y + m * hw, tile + m * nr + t, sizeof(float) * len);
+            t += len;
+        }
+    }
+}
+
+/* y (n, M, Ho, Wo) for the panels [p0, p1) of the n*Ho*Wo output pixels (NR = npr_gemm_nr_*
+ * each), on `threads` in `chunks`. wb: (M, K + 1) row-major, the bias in the last column.
+ * Returns 0, or -1 where a thread's scratch could not be allocated. */
+int npr_im2col_gemm_mt(const float *x, long n, long C, long H, long W, const float *wb, long M,
+                       int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
+                       int act, float alpha, float beta, float *y, long Ho, long Wo,
+                       int isa512, int nr, long p0, long p1, int threads, int chunks)
+{
+    if (nr > NR_MAX) return -1;
+    ig_job j = {x, wb, y, C, H, W, M, C * kh * kw + 1, Ho, Wo, n * Ho * Wo, kh, kw, sh, sw, dh, dw, pt, pl,
+                act, isa512, nr, alpha, beta, p0, p1, chunks, 0};
+    par_run(ig_chunk, &j, chunks, threads);
+    return atomic_load(&j.rc);
+}
