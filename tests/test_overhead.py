@@ -258,3 +258,26 @@ def test_a_blas_loaded_after_the_first_run_is_held_too():
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_a_periodic_stream_of_its_own_level_keeps_an_inline_run_quiet(rng, monkeypatch):
+    """run_sync in a loop is a periodic stream of its own: no stream of a better level exists,
+    so nothing can hold it and its runs call no boundary (they cost ~10 us a step); a run of a
+    worse level than the stream's may be held, so it calls them."""
+    g = _graph(rng)
+    exe = npurun.Executor("cpu", parallelism=1)
+    sched = exe.scheduler
+    assert sched.admission is not None
+    calls = []
+    real = sched._boundary
+    monkeypatch.setattr(sched, "_boundary", lambda task, i, label: (calls.append(i), real(task, i, label)))
+    feeds = _feeds(rng, True)
+    now = [0.0]
+    monkeypatch.setattr(sched, "clock", lambda: now[0])
+    for _ in range(8):  # regular arrivals, 5 ms apart
+        now[0] += 0.005
+        exe.run_sync(g, feeds, priority=2)
+    assert sched.admission.streams and calls == []
+    now[0] += 0.005
+    exe.run_sync(g, feeds, priority=3)  # a worse level: the priority-2 stream may hold it
+    assert calls

@@ -643,14 +643,15 @@ class Scheduler:
             if task.steps_done == step - 1 and step - 1 < len(task.segs):
                 adm.learn(task.segs, step - 1, seg)
             task.seg_max, task.seg_start = 0.0, now
-        # Fast path: with this task alone on the device, nobody waiting, no deadline, trace or
-        # duty cycle, no decision can change at this boundary, so a model of many short steps
-        # (YOLOv8n: 209 of ~0.1 ms) pays no lock per step. The lock is still taken at least
-        # every SYNC_S, where cancellation and the governor are seen. (Unlocked reads of the
-        # queue are hints: a task that arrives meanwhile is seen at the next locked boundary.)
+        # Fast path: with this task alone on the device, nobody waiting, no deadline, trace,
+        # duty cycle or better periodic stream to be held for, no decision can change at this
+        # boundary, so a model of many short steps (YOLOv8n: 209 of ~0.1 ms) pays no lock per
+        # step. The lock is still taken at least every SYNC_S, where cancellation and the
+        # governor are seen. (Unlocked reads of the queue are hints: a task that arrives
+        # meanwhile is seen at the next locked boundary.)
         if (step != task.steps_total and not self._waiting and len(self._running) <= 1
                 and task.deadline is None and task.trace is None and self.duty >= 1.0
-                and now - task.synced_at < SYNC_S and not admitting):
+                and now - task.synced_at < SYNC_S and not (admitting and adm.may_hold(task.level, now))):
             task.macs_done += m
             task.steps_done = step
             task.unsynced_macs += m
@@ -690,8 +691,9 @@ class Scheduler:
             if admitting:
                 task.seg_max = max(task.seg_max, now - task.seg_start)
                 task.seg_start = now
-        if not self._waiting and task.deadline is None and not task.future.cancelled() and not admitting:
-            return  # (unlocked hints: nobody to give the unit to, nothing to stop)
+        if not self._waiting and task.deadline is None and not task.future.cancelled() \
+                and not (admitting and adm.may_hold(task.level, now)):
+            return  # (unlocked hints: nobody to give the unit to, nothing to stop, no hold)
         with self._cv:
             now = self.clock()
             err = self._check_stop(task, now)
@@ -714,8 +716,11 @@ class Scheduler:
             if t.hold_until and t.level > task.priority:
                 self.held_s += now - t.held_since
                 t.held_since, t.hold_until = None, 0.0
-        if now < self.admission.active_until:
-            self.attention[0] = True  # an inline run calls its boundaries from now on
+        if self.admission.may_hold(task.priority, now):
+            # an inline run of this task calls its boundaries (where it may be held); one that
+            # no stream can hold runs without them (a benchmark's loop is a periodic stream
+            # of its own, and its boundaries cost ~10 us a step of MobileNetV2)
+            self.attention[0] = True
 
     def _admit(self, task: Task, now: float, step: int) -> str | None:
         """'held' when the stretch `task` is about to run (of step index `step`) is predicted
@@ -787,9 +792,8 @@ class Scheduler:
             del self.recent[:-64]
             started = self._dispatch(now)
             if not self._waiting and not self._running and not self._paused and self.duty >= 1.0 \
-                    and self.active_lanes == self.lanes \
-                    and (self.admission is None or now >= self.admission.active_until):
-                self.attention[0] = False
+                    and self.active_lanes == self.lanes:
+                self.attention[0] = False  # (the next inline run's arrival raises it if it may be held)
             self._cv.notify_all()
         return started
 
