@@ -21,11 +21,9 @@ import numpy as np
 
 from ..ir.graph import Graph, Node
 from ..ir.ops.elementwise import FUSABLE_ACTIVATIONS
+from .fold_affine import AFFINE, VIEWS  # (the ops it folds, and the relabelling views)
 from .match import Chains, in_regions
 from .rewrite import new_const, new_value
-
-VIEWS = ("reshape", "flatten", "squeeze", "unsqueeze")
-AFFINE = ("add", "sub", "mul", "div")
 
 
 def _size(dims) -> tuple:
