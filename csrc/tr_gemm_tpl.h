@@ -16,14 +16,23 @@ static inline __attribute__((always_inline)) void GEMM_TILE(const float *A, long
         c0[r] = VZERO(); c1[r] = VZERO();
         a[r] = A + (r < mr ? r : mr - 1) * K;
     }
+    if (nc <= VL) {  /* a narrow panel (N of a few columns, or a last panel): half the FMAs */
 #pragma GCC unroll 2
-    for (long k = 0; k < K; k++) {
-        VEC b0 = VLOAD(Bp + k * 2 * VL), b1 = VLOAD(Bp + k * 2 * VL + VL);
+        for (long k = 0; k < K; k++) {
+            VEC b0 = VLOAD(Bp + k * 2 * VL);
 #pragma GCC unroll 16
-        for (int r = 0; r < MR; r++) {
-            VEC av = VSET1(a[r][k]);
-            c0[r] = VFMA(av, b0, c0[r]);
-            c1[r] = VFMA(av, b1, c1[r]);
+            for (int r = 0; r < MR; r++) c0[r] = VFMA(VSET1(a[r][k]), b0, c0[r]);
+        }
+    } else {
+#pragma GCC unroll 2
+        for (long k = 0; k < K; k++) {
+            VEC b0 = VLOAD(Bp + k * 2 * VL), b1 = VLOAD(Bp + k * 2 * VL + VL);
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; r++) {
+                VEC av = VSET1(a[r][k]);
+                c0[r] = VFMA(av, b0, c0[r]);
+                c1[r] = VFMA(av, b1, c1[r]);
+            }
         }
     }
     if (nc == 2 * VL) {
