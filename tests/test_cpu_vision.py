@@ -144,3 +144,26 @@ def test_linear_resize_and_channel_resize_fall_back(rng):
     a["mode"] = "nearest"
     s = np.array([1, 2, 1, 1], np.float32)
     np.testing.assert_array_equal(vision._resize(x, None, s, None, **a), KERNELS["resize"](x, None, s, None, **a))
+
+
+@pytest.mark.skipif(native.LIB is None, reason=f"compiled kernels unavailable: {native.REASON}")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(1, 96, 112, 112), (2, 144, 13, 11), (1, 1152, 7, 7), (3, 5, 9), (1, 7, 3, 3, 3),
+                                   (2, 3, 1, 1)])
+def test_global_average_pool_and_trailing_mean_match_reference(shape, threads, rng):
+    """csrc/pool.c's plane means (float32, 32 lanes of partial sums; the planes on the pool at 2
+    threads) against the reference's float64 mean; the same bits on 1 and 2 threads. A big
+    ReduceMean over the trailing axes takes the same kernel (shape_fast.py)."""
+    from npurun.backends.cpu.ops import shape_fast
+    x = nonzero_normal(rng, shape) + 0.5  # (a mean far from 0: a relative bound means something)
+    want = KERNELS["global_average_pool"](x)
+    got = vision._global_average_pool(x, threads=threads)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * float(np.abs(x).mean()))
+    assert np.array_equal(got, vision._global_average_pool(x, threads=1))
+    axes = np.array(list(range(2, len(shape)))[::-1])
+    for keep in (0, 1):
+        m = shape_fast._reduce_mean(x, axes, keepdims=keep, noop_with_empty_axes=0, threads=threads)
+        ref = KERNELS["reduce_mean"](x, axes, keepdims=keep, noop_with_empty_axes=0)
+        assert m.shape == ref.shape
+        np.testing.assert_allclose(m, ref, rtol=2e-6, atol=2e-6 * float(np.abs(x).mean()))

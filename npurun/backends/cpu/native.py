@@ -72,6 +72,7 @@ def _signatures() -> dict:
         # pool.c: max pooling over planes [p0, p1)
         "npr_maxpool2d": ([P, P, L, L] + [I] * 10, I),
         "npr_maxpool2d_mt": ([P, P, L] + [I] * 12, I),
+        "npr_plane_means_mt": ([P, P, L, L, I, I], None),  # ... and global average pooling
         # color.c: zoo/espcn.py's YCbCr -> RGB merge
         "npr_ycc_to_rgb": ([P, P, P, P, P, P, L], None),
         # transformer.c and gemm_mt.c: erf, GELU, LayerNorm, softmax, the packed sgemm

@@ -8,16 +8,22 @@ indices (~2.5-3 us against np.take's ~0.8), `slice`'s ravel/zip/list building (~
 0.40 us, not kept.)
 
 Each returns exactly what the reference kernel returns (same NumPy call on the same operands,
-views where the reference gives views) and hands anything unusual to the reference kernel:
+views where the reference gives views), except a float32 mean of 16K elements or more over
+trailing axes (a global average pool written as ReduceMean), which csrc/pool.c sums in
+float32 (within a few ulp), and hands anything unusual to the reference kernel:
 a negative or multi-element gather index (the reference's np.where is needed), slices over
 several axes, means of integers, of empty tensors or without axes given.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...reference.kernels import KERNELS as REF
+from . import vision
 
+PLANES_MIN = vision.BIG  # elements: a smaller mean stays NumPy's (the reference's own bits)
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -39,7 +45,7 @@ def _slice(x, starts, ends, axes=None, steps=None):
     return x[tuple(idx)]
 
 
-def _reduce_mean(x, axes=None, *, keepdims, noop_with_empty_axes):
+def _reduce_mean(x, axes=None, *, keepdims, noop_with_empty_axes, threads=1):
     # np.mean on a float array is np.add.reduce, then an in-place true_divide by the count
     # (numpy/_core/_methods.py: _mean); the same two calls without its wrapper.
     if x.dtype not in _FLOATS or x.size == 0 or axes is None or axes.size == 0:
@@ -52,6 +58,13 @@ def _reduce_mean(x, axes=None, *, keepdims, noop_with_empty_axes):
     count = 1
     for a in norm:
         count *= x.shape[a]
+    if x.dtype == np.float32 and x.size >= PLANES_MIN and norm == set(range(nd - len(norm), nd)) and nd > len(norm) \
+            and vision.native.LIB is not None:
+        # a big mean over the trailing axes (a global average pool written as ReduceMean):
+        # csrc/pool.c's plane means, in float32 (NumPy's pairwise float32 sum: not the same
+        # bits, within a few ulp of either)
+        y = vision.plane_means(np.ascontiguousarray(x), x.size // count, count, threads)
+        return y.reshape(x.shape[:nd - len(norm)] + ((1,) * len(norm) if keepdims else ()))
     s = np.add.reduce(x, axis=ax, keepdims=bool(keepdims))
     if isinstance(s, np.ndarray):
         return np.true_divide(s, count, out=s, casting="unsafe", subok=False)
@@ -59,4 +72,4 @@ def _reduce_mean(x, axes=None, *, keepdims, noop_with_empty_axes):
 
 
 KERNELS = {"gather": lambda program: _gather, "slice": lambda program: _slice,
-           "reduce_mean": lambda program: _reduce_mean}
+           "reduce_mean": lambda program: functools.partial(_reduce_mean, threads=program.threads)}

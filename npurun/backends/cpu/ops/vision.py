@@ -1,6 +1,6 @@
 """Pooling and resizing on the cpu backend: `max_pool` and nearest `resize` (YOLOv8n's SPPF
 and FPN upsampling) in NumPy with the work of the reference kernels' inner loops removed,
-`average_pool` on the compiled depthwise kernel.
+`average_pool` on the compiled depthwise kernel, `global_average_pool` on csrc/pool.c.
 
 - **max_pool** (2-D, no dilation): float32 on the compiled kernel (csrc/pool.c: the window's
   rows first, contiguous, then the taps along that one row; planes on the pool at 2+
@@ -260,8 +260,29 @@ def _nearest_map(x, roi, scales, sizes, a):
     return m
 
 
+def _global_average_pool(x, *, threads=1):
+    """float32 on the compiled kernel (csrc/pool.c: each plane summed in float32 with 32 lanes
+    of partial sums; the reference sums in float64: within a few ulp), planes on the pool when
+    there are enough of them; else the reference."""
+    if native.LIB is None or x.dtype != np.float32 or x.ndim < 3 or x.size == 0:
+        return REF["global_average_pool"](x)
+    planes = x.shape[0] * x.shape[1]
+    return plane_means(np.ascontiguousarray(x), planes, x.size // planes, threads) \
+        .reshape(x.shape[:2] + (1,) * (x.ndim - 2))
+
+
+def plane_means(x, planes: int, hw: int, threads: int) -> np.ndarray:
+    """(planes,) float32 means of the contiguous float32 x's runs of hw (csrc/pool.c), the
+    planes on the pool when there are enough elements."""
+    y = np.empty(planes, np.float32)
+    chunks = min(threads, planes) if threads > 1 and x.size >= BIG else 1
+    native.LIB.npr_plane_means_mt(native.ptr(x), native.ptr(y), planes, hw, threads, chunks)
+    return y
+
+
 KERNELS = {
     "max_pool": lambda program: functools.partial(_max_pool, threads=program.threads),
+    "global_average_pool": lambda program: functools.partial(_global_average_pool, threads=program.threads),
     "average_pool": _average_pool,
     "resize": lambda program: _resize,
 }
