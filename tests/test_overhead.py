@@ -268,16 +268,20 @@ def test_a_periodic_stream_of_its_own_level_keeps_an_inline_run_quiet(rng, monke
     exe = npurun.Executor("cpu", parallelism=1)
     sched = exe.scheduler
     assert sched.admission is not None
+    from npurun.runtime.admission import Admission
+    monkeypatch.setattr(sched, "admission", Admission())  # (the device's scheduler is shared: no other test's streams)
     calls = []
     real = sched._boundary
     monkeypatch.setattr(sched, "_boundary", lambda task, i, label: (calls.append(i), real(task, i, label)))
     feeds = _feeds(rng, True)
-    now = [0.0]
+    now = [sched.clock()]  # (a fake clock from the real one's now: state other tests left stays in the past)
     monkeypatch.setattr(sched, "clock", lambda: now[0])
+    exe.run_sync(g, feeds, priority=2)  # (a run on an idle device leaves its attention down)
+    calls.clear()
     for _ in range(8):  # regular arrivals, 5 ms apart
         now[0] += 0.005
         exe.run_sync(g, feeds, priority=2)
-    assert sched.admission.streams and calls == []
+    assert sched.admission.streams["main"].period == pytest.approx(0.005) and calls == []
     now[0] += 0.005
     exe.run_sync(g, feeds, priority=3)  # a worse level: the priority-2 stream may hold it
     assert calls
