@@ -5,8 +5,10 @@
  *   y[i] = s1 * act(s0 * x[i] + t0) + t1,   i in [0, n)   (y may be x)
  *
  * act is an activation code of act.h (0 = none; its alpha, beta as for the conv epilogue). */
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime (par.h) under -std=c11 */
 #include <string.h>
 #include "act.h"
+#include "par.h"
 
 void npr_affine_act(const float *x, float *y, long n, float s0, float t0, int act, float alpha,
                     float beta, float s1, float t1)
@@ -76,4 +78,45 @@ void npr_prelu_channels(const float *x, float *y, long outer, long C, long inner
             for (; i < inner; i++)
                 ys[i] = xs[i] < 0 ? slope[c] * xs[i] : xs[i];
         }
+}
+
+
+/* y = act(a + b) over n floats (passes/fuse_add_activation.py: a residual add and the
+ * activation after it, one pass over memory instead of two; y may be a or b). */
+static void add_act(const float *a, const float *b, float *y, long n, int act, float alpha, float beta)
+{
+    __m256 al = _mm256_set1_ps(alpha), be = _mm256_set1_ps(beta);
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 u = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+        __m256 v = _mm256_add_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8));
+        _mm256_storeu_ps(y + i, npr_act(u, act, al, be));
+        _mm256_storeu_ps(y + i + 8, npr_act(v, act, al, be));
+    }
+    for (; i < n; i += 8) {
+        float t[8] = {0}, r[8] = {0};
+        long k = n - i < 8 ? n - i : 8;
+        memcpy(t, a + i, sizeof(float) * k);
+        memcpy(r, b + i, sizeof(float) * k);
+        _mm256_storeu_ps(t, npr_act(_mm256_add_ps(_mm256_loadu_ps(t), _mm256_loadu_ps(r)), act, al, be));
+        memcpy(y + i, t, sizeof(float) * k);
+    }
+}
+
+typedef struct { const float *a, *b; float *y; long n; int act; float alpha, beta; int chunks; } add_job;
+
+static void add_chunk(void *ctx, int i)
+{
+    add_job *j = ctx;
+    /* chunk edges on whole vectors (16 floats), so each element is computed as in one call */
+    long lo = par_at(0, j->n / 16, i, j->chunks) * 16, hi = i + 1 == j->chunks ? j->n : par_at(0, j->n / 16, i + 1, j->chunks) * 16;
+    if (hi > lo) add_act(j->a + lo, j->b + lo, j->y + lo, hi - lo, j->act, j->alpha, j->beta);
+}
+
+/* The same in `chunks` contiguous parts on the library's pool (one chunk: this thread). */
+void npr_add_act_mt(const float *a, const float *b, float *y, long n, int act, float alpha, float beta,
+                    int threads, int chunks)
+{
+    add_job j = {a, b, y, n, act, alpha, beta, chunks};
+    par_run(add_chunk, &j, chunks, threads);
 }

@@ -28,6 +28,29 @@ def test_affine_activation_matches_reference(rng, act, params):
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act,params", [("relu", []), ("clip", [0.0, 6.0]), ("leaky_relu", [0.1]), ("swish", [1.0]), ("hard_swish", []),
+                                        ("elu", [1.0])])
+@pytest.mark.parametrize("shape", [(1, 64, 56, 56), (2, 3, 1001), (5, 7)])
+def test_add_activation_matches_reference(rng, act, params, shape, threads):
+    """act(a + b) of a residual add (passes/fuse_add_activation.py): chain.c's one pass, split
+    over the pool at 2 threads (the same bits as 1), NumPy's add and the activation where the C
+    pass does not take it (a small map, elu); against the reference's add then activation."""
+    a, b = nonzero_normal(rng, shape), nonzero_normal(rng, shape)
+    kw = {"activation": act, "activation_params": params}
+    got = fused.KERNELS["add_activation"](SimpleNamespace(threads=threads))(a, b, **kw)
+    want = REF["add_activation"](a, b, **kw)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    if act in ("relu", "clip", "leaky_relu"):  # a sum, then max/min/one multiply: exact
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    assert np.array_equal(got, fused.KERNELS["add_activation"](PROG)(a, b, **kw))
+    bc = nonzero_normal(rng, shape[-1:])  # a broadcast operand: the reference's way
+    np.testing.assert_array_equal(fused.KERNELS["add_activation"](PROG)(a, bc, **kw),
+                                  REF["add_activation"](a, bc, **kw))
+
+
 @pytest.mark.parametrize("xshape,sshape", [((2, 16, 30, 40), (16, 1, 1)), ((1, 8, 60, 61), (1, 8, 1, 1)),
                                            ((700, 32), (32,)), ((1, 5, 70, 70), (1,)), ((1, 4, 3, 3), (4, 1, 1))])
 def test_prelu_per_channel_matches_reference(rng, xshape, sshape):

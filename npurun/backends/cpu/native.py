@@ -65,6 +65,7 @@ def _signatures() -> dict:
         "npr_activation_mt": ([P, P, L, I, F, F, I, I], None),
         # chain.c: elementwise chains and per-channel ops
         "npr_affine_act": ([P, P, L, F, F, I, F, F, F, F], None),
+        "npr_add_act_mt": ([P, P, P, L, I, F, F, I, I], None),
         "npr_channel_affine_act": ([P, P, L, L, L, P, P, I, F, F], None),
         "npr_prelu_channels": ([P, P, L, L, L, P], None),
         # resize.c: one axis of an interpolating resize (ops/vision.py)

@@ -8,6 +8,7 @@ result is what the unfused chain gave:
                                     scaled_dot_product_attention's where(isnan(p), 0, p))
     matmul_add(a, b, c*)            ((a @ b) + c0) + c1 ...  (a linear layer's bias, a residual)
     affine_activation(x)            s1 * act(s0 * x + t0) + t1  (scalars; act optional)
+    add_activation(a, b)            act(a + b)  (a residual add and the activation after it)
     rope_half(x, cos, sin)          x * cos + rotate_half(x) * sin, rotate_half(x) =
                                     concat(-x[..., d/2:], x[..., :d/2]) (transformers' rotary
                                     embedding as exporters write it)
@@ -45,6 +46,16 @@ def _matmul_add(node, a, ins):
 def _affine_activation(node, a, ins):
     check_activation(node, a)
     return _same(node, a, ins)
+
+
+@op("add_activation", ["a", "b"], attrs={"activation": "", "activation_params": []},
+    groups={"elementwise", "fused"}, macs=lambda a, ins, outs: 2 * numel(outs[0]))
+def _add_activation(node, a, ins):
+    check_activation(node, a)
+    shape = broadcast(ins[0].shape, ins[1].shape)
+    if shape is None:
+        _fail(node, f"a {list(ins[0].shape)} and b {list(ins[1].shape)} do not broadcast")
+    return [(shape, ins[0].dtype)]
 
 
 @op("rope_half", ["x", "cos", "sin"], groups={"elementwise", "fused"},

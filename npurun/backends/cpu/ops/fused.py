@@ -7,6 +7,7 @@ here computes what the op's reference kernel computes, checked in tests/test_cpu
   the bias and residual added in its store (ops/matmul.py `linear`, weights packed once per
   node: `linear_kernel`); by a computed operand, banded BLAS with the adds in place;
 - `affine_activation`: csrc/chain.c's one pass y = s1 * act(s0 * x + t0) + t1;
+- `add_activation`: csrc/chain.c's one pass y = act(a + b), on the pool for big maps;
 - `rope_half`: the rotary embedding in NumPy with two fewer temporaries, bit-identical.
 
 Anything a kernel does not take (another dtype, a mask that broadcasts some other way) runs
@@ -197,6 +198,30 @@ def make_affine_activation(program):
     return affine_activation
 
 
+def make_add_activation(program):
+    """act(a + b) of two float32 arrays of one shape (a residual add and its activation):
+    csrc/chain.c's one pass, on the pool's threads for a big map (chunks of whole vectors: the
+    same result as one call); anything else (a broadcast, another dtype or activation) the
+    reference kernel (NumPy's add, then the activation)."""
+    from .. import native_activation
+
+    def add_activation(a, b, *, activation, activation_params):
+        act, act_attrs = native_activation(activation, activation_params)
+        if native.LIB is None or a.dtype != np.float32 or b.dtype != np.float32 or a.shape != b.shape \
+                or (act is not None and act not in CHAIN_ACTS) or a.size < ADD_ACT_MIN:
+            return REF["add_activation"](a, b, activation=activation, activation_params=activation_params)
+        code, alpha, beta = native.act_params(act, act_attrs)
+        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        y = np.empty_like(a)
+        threads = program.threads
+        chunks = min(threads, a.size // ADD_ACT_MIN) if threads > 1 else 1
+        native.LIB.npr_add_act_mt(native.ptr(a), native.ptr(b), native.ptr(y), a.size, code, alpha, beta,
+                                  threads, max(1, chunks))
+        return y
+    return add_activation
+
+
+ADD_ACT_MIN = 1 << 12  # elements: a smaller add is NumPy's (a ctypes call costs what it saves)
 PIECE_MIN = 1 << 20  # elements: smaller maps run in one call (under ~1 ms)
 AFFINE_S_PER_ELEMENT = 1e-9
 _CAL: dict = {}  # the measured speed of the chain's pieces (pieces.split)
@@ -222,5 +247,6 @@ KERNELS = {} if T.LIB is None else {
     "masked_softmax": make_masked_softmax,
     "matmul_add": make_matmul_add,
     "affine_activation": make_affine_activation,
+    "add_activation": make_add_activation,
     "rope_half": make_rope_half,
 }

@@ -31,6 +31,11 @@ def affine_activation(x, *, s0, t0, activation, activation_params, s1, t1):
     return y * dt.type(s1) + dt.type(t1) if (s1, t1) != (1.0, 0.0) else y
 
 
+@kernel("add_activation")
+def add_activation(a, b, *, activation, activation_params):
+    return activate(KERNELS["add"](a, b), activation, activation_params)
+
+
 @kernel("rope_half")
 def rope_half(x, cos, sin):
     # exactly the chain it replaces: x * cos + concat(-x2, x1) * sin
