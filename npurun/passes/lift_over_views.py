@@ -56,22 +56,20 @@ def _lifted_const(c: Chains, name: str, before: tuple, after: tuple):
 
 
 def _step(c: Chains, n: Node, v: str, before: tuple, after: tuple):
-    """(op's inputs with v as the lifted value's slot, new constant or None) if n can move
-    before the view; None otherwise."""
+    """If n (reading v) can move before the view: the constants it then reads instead, {name:
+    re-laid array} (empty when none changes); else None."""
     if n.op in FUSABLE_ACTIVATIONS and n.inputs[0] == v and v not in n.inputs[1:]:
         if any(i and c.const(i) is None for i in n.inputs[1:]):  # (clip's bounds: constants)
             return None
-        return list(n.inputs), None
+        return {}
     other = c.other(n, v) if n.op in AFFINE else None
     if other is None or c.dtype(other) != c.dtype(v):
         return None
     d = c.const(other)
     if d is not None and d.size == 1 and d.ndim <= len(before):
-        return list(n.inputs), None  # a scalar broadcasts the same on either side
+        return {}  # a scalar broadcasts the same on either side
     k = _lifted_const(c, other, before, after)
-    if k is None:
-        return None
-    return list(n.inputs), (other, k)
+    return None if k is None else {other: k}
 
 
 def lift_over_views(g: Graph) -> Graph:
@@ -91,23 +89,21 @@ def lift_over_views(g: Graph) -> Graph:
         chain, steps, cur = [view], [], v
         while (n := c.sole(cur)) is not None and c.free(n) and len(n.outputs) == 1 \
                 and tuple(g.values[n.outputs[0]].shape or ()) == after:
-            st = _step(c, n, cur, before, after)
-            if st is None:
+            consts = _step(c, n, cur, before, after)
+            if consts is None:
                 break
             chain.append(n)
-            steps.append((n, st))
+            steps.append((n, cur, consts))
             cur = n.outputs[0]
         if not steps:
             continue
         nodes, x = [], u
-        for n, (inputs, const) in steps:
-            y = new_value(g, f"{n.outputs[0]}.unviewed", before, g.values[n.outputs[0]].dtype,
-                          g.values[n.outputs[0]].space)
-            ins = [x if i == chain[chain.index(n) - 1].outputs[0] else i for i in inputs]
-            if const is not None:
-                name, k = const
-                ins = [new_const(g, f"{name}.unviewed", np.ascontiguousarray(k), like=g.values[name])
-                       if i == name else i for i in ins]
+        for n, read, consts in steps:  # (read: the value n read after the view; x: its twin before)
+            out = g.values[n.outputs[0]]
+            y = new_value(g, f"{n.outputs[0]}.unviewed", before, out.dtype, out.space)
+            new = {nm: new_const(g, f"{nm}.unviewed", np.ascontiguousarray(k), like=g.values[nm])
+                   for nm, k in consts.items()}
+            ins = [x if i == read else new.get(i, i) for i in n.inputs]
             nodes.append(Node(n.op, ins, [y], dict(n.attrs), dict(n.hints), n.name, n.precision))
             x = y
         nodes.append(Node(view.op, [x] + list(view.inputs[1:]), [cur], dict(view.attrs), dict(view.hints),

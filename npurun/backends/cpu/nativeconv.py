@@ -2,14 +2,15 @@
 implicit GEMM with the bias and activation fused (conv.c), 3x3 stride-1 dense convs as
 Winograd F(4x4, 3x3) (winograd.c), depthwise convs as a direct kernel (a channel's row, or 8
 channels, in the lanes), dense convs as the flat-pixel GEMM of conv_gemm.c, as im2col + the
-packed sgemm of transformer.c, and stride-1 convs with <= 4 input channels (ESPCN's 5x5 1->64)
+packed sgemm of transformer.c a panel of pixels at a time (im2col_gemm.c), and stride-1 convs with <= 4 input channels (ESPCN's 5x5 1->64)
 as the direct kernel of smallc.c. Which one a shape runs is measured on its first call on this
 machine (convtune.py); the rules here (`flat_chosen`, `gemm_chosen`, `smallc_chosen`,
 `winograd.chosen`, `dw_lanes_chosen`) are its first candidate and its fallback. Each node's
 call is then planned once per input shape (`_plan`).
 
 On more than one thread the work is split into bands of output rows (dense; of channels,
-depthwise; of pixel panels, im2col + sgemm), one call per image (per group of a grouped conv),
+depthwise; of pixel panels, im2col + sgemm, whose panels run over all images of a batch), one
+call per image otherwise (per group of a grouped conv),
 on the library's one spinning pool (csrc/par.h), whose hand-offs cost ~1 us; there is no
 Python thread pool. Weights are packed once per node, (M, C, kh, kw) -> (ceil(M/4), C*kh*kw,
 4), or transformed and packed for Winograd (winograd.pack), and kept in the node's cache.

@@ -214,9 +214,9 @@ def make_add_activation(program):
         a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
         y = np.empty_like(a)
         threads = program.threads
-        chunks = min(threads, a.size // ADD_ACT_MIN) if threads > 1 else 1
+        chunks = min(threads, a.size // ADD_ACT_MIN)  # (>= 1: a.size >= ADD_ACT_MIN)
         native.LIB.npr_add_act_mt(native.ptr(a), native.ptr(b), native.ptr(y), a.size, code, alpha, beta,
-                                  threads, max(1, chunks))
+                                  threads, chunks)
         return y
     return add_activation
 
