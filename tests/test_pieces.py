@@ -179,7 +179,8 @@ def test_pieces_learn_how_fast_they_run_and_resize(monkeypatch):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_depthwise_pieces_are_bit_identical(rng, monkeypatch, threads):
     """Depthwise convs as channel pieces (cut at multiples of 8, both kernels: per-channel and
-    channels-in-lanes), against the whole node, fresh random inputs."""
+    channels-in-lanes), against the whole node, fresh random inputs. (The count of cut cases
+    once depended on the draw: a seed with many 8-channel convs failed CI.)"""
     cut = 0
     for _ in range(24):
         c = int(rng.choice([8, 13, 24, 32, 40, 72, 96]))
@@ -192,9 +193,12 @@ def test_depthwise_pieces_are_bit_identical(rng, monkeypatch, threads):
         for algo in (None, "dw_lanes"):
             whole, part, n = whole_and_pieced(
                 monkeypatch, 1e5, lambda: nativeconv.conv2d(x, w, b, attrs, "relu", {}, threads, {}, algo=algo))
-            cut += n > 0
             np.testing.assert_array_equal(part, whole, err_msg=f"{x.shape} {w.shape} {attrs} {algo}")
-    assert cut >= 30  # most cases did run in pieces
+            # pieces are whole blocks of 8 channels: a conv of more than 8 must have been cut
+            # (at 1e5 FLOP/s every case here is predicted to take far longer than a piece)
+            assert n > 0 or c <= 8, f"{x.shape} {w.shape} {algo} ran whole"
+            cut += n > 0
+    assert cut > 0
 
 
 def test_nearest_resize_pieces_are_bit_identical(rng, monkeypatch):
