@@ -28,6 +28,8 @@ typedef void (*par_fn)(void *ctx, int chunk);
 struct npr_par {
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    atomic_int asleep;            /* workers in pthread_cond_wait (waking them needs npr_par_place) */
+    int placed_off;               /* the CPU the workers' affinity leaves out (-1: none) */
     atomic_uint gen;              /* bumped once per job: wakes the workers */
     atomic_ullong ticket;         /* (job's gen << 32) | next chunk to claim */
     atomic_int done;              /* chunks finished in this job */
@@ -38,6 +40,9 @@ struct npr_par {
     pthread_t th[PAR_MAXW];
 };
 extern struct npr_par npr_par;
+
+/* Before waking sleeping workers: keep them off the caller's CPU (par.c says why). */
+void npr_par_place(void);
 
 static inline long par_now(void)
 {
@@ -69,7 +74,9 @@ static inline void *par_worker(void *arg)
             _mm_pause();
             if (spins % 256 == 0 && par_now() - t0 > SPIN_NS) {
                 pthread_mutex_lock(&npr_par.mu);
+                atomic_fetch_add(&npr_par.asleep, 1);
                 while ((g = atomic_load(&npr_par.gen)) == seen) pthread_cond_wait(&npr_par.cv, &npr_par.mu);
+                atomic_fetch_sub(&npr_par.asleep, 1);
                 pthread_mutex_unlock(&npr_par.mu);
                 break;
             }
@@ -105,6 +112,7 @@ static inline void par_run(par_fn fn, void *ctx, int chunks, int threads)
     npr_par.chunks = chunks;
     atomic_store(&npr_par.done, 0);
     atomic_store_explicit(&npr_par.ticket, (unsigned long long)g << 32, memory_order_release);
+    if (atomic_load(&npr_par.asleep)) npr_par_place();
     pthread_mutex_lock(&npr_par.mu);
     atomic_store_explicit(&npr_par.gen, g, memory_order_release);
     pthread_cond_broadcast(&npr_par.cv);
