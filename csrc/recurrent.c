@@ -10,6 +10,7 @@
  * step is ~10 calls (~25 us warm, several times that after the 30 ms idle of a streaming
  * caller); here it is one call. h @ R^T walks R^T (H, 4H, row-major) in slabs of 64 columns
  * held in 8 accumulators, so each h[k] broadcast feeds 8 FMAs. */
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime (par.h) under -std=c11 */
 #include <stdlib.h>
 #include <string.h>
 #include "act.h"
@@ -155,4 +156,37 @@ int npr_gru_f32(const float *proj, const float *rt, const float *rbh, float *h, 
     free(g);
     free(rh);
     return 0;
+}
+
+/* ---- Both directions of a bidirectional LSTM or GRU at once, one per thread of the library's
+ * one pool (par.h). The two recurrences share nothing, and each step is a (B, H) x (H, 4H)
+ * product whose weights (4 MB at H = 512) come from L3 or memory every step: run one after the
+ * other, a thread streams both sets; here two cores stream one each. */
+#include "par.h"
+
+typedef struct {
+    int gru, S, B, H, lbr; long ys;
+    const float *proj[2], *rt[2], *rbh[2];
+    float *h[2], *c[2], *y[2];
+    atomic_int rc;
+} dirs_job;
+
+static void dirs_chunk(void *ctx, int d)
+{
+    dirs_job *j = ctx;
+    int rc = j->gru ? npr_gru_f32(j->proj[d], j->rt[d], j->rbh[d], j->h[d], j->y[d], j->ys, j->S, j->B, j->H, d, j->lbr)
+                    : npr_lstm_f32(j->proj[d], j->rt[d], j->h[d], j->c[d], j->y[d], j->ys, j->S, j->B, j->H, d);
+    if (rc) atomic_store(&j->rc, rc);
+}
+
+/* Direction 0 forward, direction 1 reverse (ONNX's bidirectional); arguments as npr_lstm_f32 /
+ * npr_gru_f32's, one per direction (c0, c1 unused for a GRU, rbh0, rbh1 for an LSTM). */
+int npr_recurrent2_mt(int gru, const float *proj0, const float *proj1, const float *rt0, const float *rt1,
+                      const float *rbh0, const float *rbh1, float *h0, float *h1, float *c0, float *c1,
+                      float *y0, float *y1, long ys, int S, int B, int H, int lbr, int threads)
+{
+    dirs_job j = {gru, S, B, H, lbr, ys, {proj0, proj1}, {rt0, rt1}, {rbh0, rbh1}, {h0, h1}, {c0, c1},
+                  {y0, y1}, 0};
+    par_run(dirs_chunk, &j, 2, threads);
+    return atomic_load(&j.rc);
 }

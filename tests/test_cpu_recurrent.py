@@ -91,6 +91,21 @@ def test_gru_recurrence_in_c_matches_reference(lbr, direction, hid, bias, init, 
     _check("gru", ins, _attrs("gru", hid, direction, 0, linear_before_reset=lbr))
 
 
+@pytest.mark.parametrize("op,extra", [("lstm", {}), ("gru", {"linear_before_reset": 0}),
+                                      ("gru", {"linear_before_reset": 1})])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_bidirectional_recurrence_on_two_threads(op, extra, layout, rng):
+    """Both directions at once (csrc/recurrent.c npr_recurrent2_mt, one per thread of the pool):
+    the same bits as one after the other, and the reference's values."""
+    ins = _inputs(rng, op, 6, 3, 10, 24, 2, layout)
+    attrs = _attrs(op, 24, "bidirectional", layout, **extra)
+    one = FAST[op](*ins, **attrs)
+    two = FAST[op](*ins, **attrs, threads=2)
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(b, a)
+    _check(op, ins, attrs)
+
+
 @pytest.mark.parametrize("lbr", [0, 1])
 @pytest.mark.parametrize("variant", [{}, {"clip": 0.5}, {"activations": ["HardSigmoid", "Softsign"]}])
 def test_gru_variants(lbr, variant, rng):

@@ -9,6 +9,7 @@ import pytest
 
 import npurun
 from npurun.backends import base, get_backend
+from npurun.backends.cpu import native
 from npurun.errors import InputError, NpurunError
 from npurun.ir import parse
 
@@ -195,8 +196,8 @@ def test_a_cpu_run_holds_blas_at_its_threads_and_restores_them(rng):
     with blas_libs.limit(limits=2):
         prog.run(_feeds(rng, False))
         assert seen == [{1}] and counts() == {2}  # limited for the run, restored after
-        # Two runs at once on two threads, at different counts: each runs at its own, the one
-        # still running gets its count back, and the last to leave restores the original.
+        # Two runs at once on two threads (of programs with different parallelism): the one
+        # still running keeps its count, and the last to leave restores the original.
         seen.clear()
         inside, leave = threading.Event(), threading.Event()
         prog.steps = [(n, spy(fn) if n.op == "matmul" else fn, attrs, dead) for n, fn, attrs, dead in prog.steps]
@@ -209,7 +210,8 @@ def test_a_cpu_run_holds_blas_at_its_threads_and_restores_them(rng):
         two = npurun.Executor("cpu", parallelism=2).compile(_graph(rng))
         two.steps = [(n, spy(fn) if n.op == "matmul" else fn, attrs, dead) for n, fn, attrs, dead in two.steps]
         two.run(_feeds(rng, False))
-        assert seen[-1] == {2} and counts() == {1}
+        # a 2-thread program holds BLAS at one thread too (its threads are the C kernels' pool)
+        assert seen[-1] == {1 if native.LIB is not None else 2} and counts() == {1}
         leave.set()
         other.join()
         assert counts() == {2}  # restored when the last run left

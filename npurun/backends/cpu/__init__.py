@@ -7,7 +7,8 @@ the library's one thread pool (csrc/par.c; there is no Python thread pool).
 Where the compiled kernels are not built or cannot run on this CPU, dense convolutions take
 the NumPy banded im2col kernel of `conv.py` and the reason shows in `npurun info`.
 Activations on float32 run the compiled elementwise kernel; every other op runs its
-reference kernel with NumPy's BLAS limited to `parallelism` threads. Each fast kernel is
+reference kernel with NumPy's BLAS held to one thread (to `parallelism` threads where the
+compiled kernels are not built: then it is the only threading). Each fast kernel is
 checked against the reference kernel in tests/test_cpu_*.py.
 """
 from __future__ import annotations
@@ -176,8 +177,13 @@ class CpuProgram(Program):
         return y
 
     def run(self, feeds, progress=None, attention=None):
-        # BLAS threads are process-wide: held to ours for the duration of this run only.
-        return blas.with_threads(self.threads, lambda: super(CpuProgram, self).run(feeds, progress, attention))
+        # BLAS threads are process-wide: held for the duration of this run only, to one thread
+        # where the compiled kernels run (their pool, csrc/par.c, does the threading): OpenBLAS's
+        # workers spin long after a product and took the second core from that pool (a
+        # bidirectional LSTM's two directions at 2 threads: 10.1 ms with BLAS at 2, 6.4 at 1;
+        # PP-OCRv4 det 0.85x, CvT-13 0.74x). Without them, NumPy's BLAS is the only threading.
+        n = 1 if native.LIB is not None else self.threads
+        return blas.with_threads(n, lambda: super(CpuProgram, self).run(feeds, progress, attention))
 
 
 _NATIVE_ACTS: dict = {}  # (activation, params) -> native_activation's answer, shared (read-only)

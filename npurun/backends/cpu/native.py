@@ -103,6 +103,7 @@ def _signatures() -> dict:
         # recurrent.c: the LSTM and GRU recurrences
         "npr_lstm_f32": ([P, P, P, P, P, L, I, I, I, I], I),
         "npr_gru_f32": ([P, P, P, P, P, L, I, I, I, I, I], I),
+        "npr_recurrent2_mt": ([I] + [P] * 12 + [L, I, I, I, I, I], I),
     }
     for isa in ("avx2", "avx512"):
         sig.update({

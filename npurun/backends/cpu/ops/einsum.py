@@ -1,7 +1,8 @@
 """Einsum of two operands on the cpu backend as one batched matmul (BLAS): the indices sort
 into batch (in both operands and the result), contracted (in both, not in the result) and
 free ones (in one operand and the result); each operand is transposed to (batch, free,
-contracted) / (batch, contracted, free), the product taken with np.matmul, and the result
+contracted) / (batch, contracted, free), the product taken by matmul.py's batched product on
+the program's threads (np.matmul where that does not apply), and the result
 reshaped and transposed to the equation's order. NumPy's own einsum runs such an equation
 (CvT's attention, 'bhlk,bhtk->bhlt') in its C loops, ~30x slower than BLAS.
 
@@ -17,6 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from ...reference.kernels import KERNELS as REF
+from . import matmul as MM
 
 
 @lru_cache(maxsize=256)
@@ -65,7 +67,10 @@ def make_einsum(program):
         pa, sa3, pb, sb3, mshape, pout = plan
         a3 = xs[0].transpose(pa).reshape(sa3)
         b3 = xs[1].transpose(pb).reshape(sb3)
-        y = np.matmul(a3, b3).reshape(mshape)
+        # the product on the program's threads (matmul.py: bands or heads on the library's pool;
+        # BLAS itself runs at one thread inside a program)
+        y = MM.matmul_add(program, a3, b3)
+        y = (np.matmul(a3, b3) if y is None else y).reshape(mshape)
         return np.ascontiguousarray(y.transpose(pout)) if pout != tuple(range(len(pout))) else y
     return einsum
 

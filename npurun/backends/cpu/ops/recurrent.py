@@ -9,11 +9,14 @@ every direction (forward, reverse, bidirectional), both layouts, clip, peepholes
 input_forget, GRU's linear_before_reset, every activation the reference knows (sigmoid and
 tanh computed without overflow: sigmoid(x) = 0.5 tanh(x/2) + 0.5). The float32 LSTM with the
 default activations (and an even hidden size) runs its recurrence in csrc/recurrent.c, one
-call per direction (silero's step: ~24 -> ~12 us a call, timed alone). Not covered, so run by
+call per direction (silero's step: ~24 -> ~12 us a call, timed alone), the two directions of a
+bidirectional one at once on two threads (npr_recurrent2_mt: each streams its own weights). Not covered, so run by
 the reference kernel: sequence_lens that differ from the sequence length (rows that stop
 early), dtypes other than float32/float64.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -75,7 +78,8 @@ def _run(x, w, inits, hidden, direction, layout, gates_bias, cell):
 
 
 def _lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *,
-          hidden_size, direction, activations, activation_alpha, activation_beta, clip, layout, input_forget):
+          hidden_size, direction, activations, activation_alpha, activation_beta, clip, layout, input_forget,
+          threads=1):
     if not _covered(x, w, r, sequence_lens, layout):
         return REF["lstm"](x, w, r, b, sequence_lens, initial_h, initial_c, p, hidden_size=hidden_size,
                            direction=direction, activations=activations, activation_alpha=activation_alpha,
@@ -84,7 +88,7 @@ def _lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p
     dt = x.dtype
     if (_LIB is not None and dt == np.float32 and hid % 2 == 0 and not clip and p is None and not input_forget
             and (not activations or [a.lower() for a in activations] == ["sigmoid", "tanh", "tanh"] * dirs)):
-        return _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout)
+        return _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threads)
     acts = _acts(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], dirs)
     rt = [r[d].T for d in range(dirs)]  # (H, 4H) views: BLAS reads the transpose in place
     peep = None if p is None else np.asarray(p, dt)
@@ -114,7 +118,7 @@ def _lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p
     return y.astype(dt, copy=False), h.astype(dt, copy=False), c.astype(dt, copy=False)
 
 
-def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout):
+def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threads=1):
     """The default-activation float32 LSTM: the input projection by BLAS, the recurrence in
     csrc/recurrent.c (one call per direction)."""
     if layout:
@@ -128,14 +132,24 @@ def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout):
     hs = np.zeros((dirs, batch, hid), np.float32) if initial_h is None else np.array(initial_h, np.float32, order="C")
     cs = np.zeros((dirs, batch, hid), np.float32) if initial_c is None else np.array(initial_c, np.float32, order="C")
     rts = _transposed(r)
+    projs = []
     for d in range(dirs):
         proj = flat @ w[d].T  # (S*B, 4H), every step's input projection in one product
         if b is not None:
             proj += b[d, :4 * hid] + b[d, 4 * hid:]
-        proj = np.ascontiguousarray(proj, np.float32)
+        projs.append(np.ascontiguousarray(proj, np.float32))
+    ys = dirs * batch * hid
+    if dirs == 2 and threads > 1:  # the two directions at once, one per thread
+        p = native.ptr
+        rc = _LIB.npr_recurrent2_mt(0, p(projs[0]), p(projs[1]), p(rts[0]), p(rts[1]), None, None, p(hs[0]),
+                                    p(hs[1]), p(cs[0]), p(cs[1]), p(y[0, 0]), p(y[0, 1]), ys, seq, batch, hid, 0,
+                                    threads)
+        if rc:
+            raise MemoryError("the LSTM kernel could not allocate its gate buffer")
+        projs = []
+    for d, proj in enumerate(projs):
         rc = _LIB.npr_lstm_f32(native.ptr(proj), native.ptr(rts[d]), native.ptr(hs[d]), native.ptr(cs[d]),
-                               native.ptr(y[0, d]), dirs * batch * hid, seq, batch, hid,
-                               int(direction == "reverse" or d == 1))
+                               native.ptr(y[0, d]), ys, seq, batch, hid, int(direction == "reverse" or d == 1))
         if rc:
             raise MemoryError("the LSTM kernel could not allocate its gate buffer")
     if layout:
@@ -159,7 +173,7 @@ _LIB = native.LIB  # (signatures: native.py)
 
 
 def _gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size, direction, activations,
-         activation_alpha, activation_beta, clip, layout, linear_before_reset):
+         activation_alpha, activation_beta, clip, layout, linear_before_reset, threads=1):
     if not _covered(x, w, r, sequence_lens, layout):
         return REF["gru"](x, w, r, b, sequence_lens, initial_h, hidden_size=hidden_size, direction=direction,
                           activations=activations, activation_alpha=activation_alpha,
@@ -169,7 +183,7 @@ def _gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size, di
     dt = x.dtype
     if (_LIB is not None and dt == np.float32 and hid % 8 == 0 and not clip
             and (not activations or [a.lower() for a in activations] == ["sigmoid", "tanh"] * dirs)):
-        return _gru_native(x, w, r, b, initial_h, hid, direction, layout, linear_before_reset)
+        return _gru_native(x, w, r, b, initial_h, hid, direction, layout, linear_before_reset, threads)
     acts = _acts(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"], dirs)
     rzr = [r[d, :2 * hid].T for d in range(dirs)]  # (H, 2H): z, r (views)
     rh = [r[d, 2 * hid:].T for d in range(dirs)]  # (H, H): candidate
@@ -203,7 +217,7 @@ def _gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size, di
     return y.astype(dt, copy=False), h.astype(dt, copy=False)
 
 
-def _gru_native(x, w, r, b, initial_h, hid, direction, layout, lbr):
+def _gru_native(x, w, r, b, initial_h, hid, direction, layout, lbr, threads=1):
     """The default-activation float32 GRU: the input projection by BLAS, the recurrence in
     csrc/recurrent.c (one call per direction)."""
     if layout:
@@ -215,6 +229,7 @@ def _gru_native(x, w, r, b, initial_h, hid, direction, layout, lbr):
     y = np.empty((seq, dirs, batch, hid), np.float32)
     hs = np.zeros((dirs, batch, hid), np.float32) if initial_h is None else np.array(initial_h, np.float32, order="C")
     rts = _transposed(r)
+    projs, rbhs = [], []
     for d in range(dirs):
         proj = flat @ w[d].T  # (S*B, 3H)
         rbh = None
@@ -225,9 +240,18 @@ def _gru_native(x, w, r, b, initial_h, hid, direction, layout, lbr):
                 bias[2 * hid:] = wb[2 * hid:]
                 rbh = np.ascontiguousarray(rb[2 * hid:], np.float32)
             proj += bias
-        proj = np.ascontiguousarray(proj, np.float32)
-        rc = _LIB.npr_gru_f32(native.ptr(proj), native.ptr(rts[d]), native.ptr(rbh),
-                              native.ptr(hs[d]), native.ptr(y[0, d]), dirs * batch * hid, seq, batch, hid,
+        projs.append(np.ascontiguousarray(proj, np.float32))
+        rbhs.append(rbh)
+    ys, p = dirs * batch * hid, native.ptr
+    if dirs == 2 and threads > 1:  # the two directions at once, one per thread
+        rc = _LIB.npr_recurrent2_mt(1, p(projs[0]), p(projs[1]), p(rts[0]), p(rts[1]), p(rbhs[0]), p(rbhs[1]),
+                                    p(hs[0]), p(hs[1]), None, None, p(y[0, 0]), p(y[0, 1]), ys, seq, batch, hid,
+                                    int(bool(lbr)), threads)
+        if rc:
+            raise MemoryError("the GRU kernel could not allocate its gate buffer")
+        projs = []
+    for d, proj in enumerate(projs):
+        rc = _LIB.npr_gru_f32(p(proj), p(rts[d]), p(rbhs[d]), p(hs[d]), p(y[0, d]), ys, seq, batch, hid,
                               int(direction == "reverse" or d == 1), int(bool(lbr)))
         if rc:
             raise MemoryError("the GRU kernel could not allocate its gate buffer")
@@ -257,4 +281,5 @@ def _rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, hidden_size, di
     return y.astype(dt, copy=False), h.astype(dt, copy=False)
 
 
-KERNELS = {"lstm": lambda program: _lstm, "gru": lambda program: _gru, "rnn": lambda program: _rnn}
+KERNELS = {"lstm": lambda program: functools.partial(_lstm, threads=program.threads),
+           "gru": lambda program: functools.partial(_gru, threads=program.threads), "rnn": lambda program: _rnn}
