@@ -46,7 +46,7 @@ def main():
     import onnxruntime as ort
 
     from onnx import numpy_helper
-    from npurun.backends.cpu import nativeconv
+    from npurun.backends.cpu import native, nativeconv
     print("| C | HxW | k | stride | per-channel us | lanes us | ORT us | chosen / ORT |")
     print("|---|---|---|---|---|---|---|---|")
     ratios = []
@@ -74,7 +74,7 @@ def main():
                 times[a].append(time.perf_counter() - t)
         us = {a: 1e6 * statistics.median(v) for a, v in times.items()}
         ho = (hw + 2 * (k // 2) - k) // s + 1
-        pick = "dw_lanes" if nativeconv.dw_lanes_chosen(c, ho, s) else "direct"
+        pick = "dw_lanes" if nativeconv.dw_lanes_chosen(c, ho, s, native.ISA) else "direct"
         ratios.append(us[pick] / us["ort"])
         print(f"| {c} | {hw} | {k} | {s} | {us['direct']:.0f} | {us['dw_lanes']:.0f} | {us['ort']:.0f} | "
               f"**{ratios[-1]:.2f}** ({'lanes' if pick == 'dw_lanes' else 'per-channel'}) |")

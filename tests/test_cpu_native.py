@@ -113,6 +113,33 @@ def test_depthwise_with_channels_in_lanes_matches_reference(case, threads, rng, 
     check_conv("dw_lanes", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, None)
 
 
+@pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_avx512_is_the_avx2_kernel_bit_for_bit(threads, rng):
+    """conv.c's per-channel depthwise kernel in AVX-512 (16 columns a vector, a masked last one;
+    3x3/5x5/7x7 unrolled, any other geometry at run time; its own stride-1 fill): the same
+    sums in the same order as the AVX2 one, so the same bits, and the reference's values; random
+    shapes, 1- to 70-wide rows, strides 1-3, dilations 1-2, asymmetric pads, fresh inputs."""
+    for _ in range(30):
+        c = int(rng.integers(1, 40))
+        k = int(rng.choice([1, 3, 5, 7, 2]))
+        s, d = int(rng.choice([1, 1, 2, 3])), int(rng.choice([1, 1, 1, 2]))
+        xs = (int(rng.integers(1, 3)), c, int(rng.integers(k * d, 40)), int(rng.integers(1, 71)))
+        kw = min(k, xs[3])
+        a = {"group": c, "strides": [s, s], "dilations": [d, d],
+             "pads": [int(rng.integers(0, k)), int(rng.integers(0, kw)), int(rng.integers(0, k)), int(rng.integers(0, kw))]}
+        if (xs[3] + a["pads"][1] + a["pads"][3] - (kw - 1) * d - 1) < 0:
+            continue
+        x = nonzero_normal(rng, xs)
+        w = nonzero_normal(rng, (c, 1, k, kw)) * 0.3
+        b = nonzero_normal(rng, (c,))
+        for act in ("relu", None):
+            got = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, threads, {}, "avx512", "direct")
+            want = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, threads, {}, "avx2", "direct")
+            np.testing.assert_array_equal(got, want, err_msg=f"{xs} k={k}x{kw} {a} {act}")
+        close(got, KERNELS["conv"](x, w, b, **_attrs(a)), None)
+
+
 FLAT_CONVS = [c for c in CONVS if c[2].get("group", 1) == 1] + [  # + YOLOv8n-like small images
     ((1, 24, 20, 20), (21, 24, 3, 3), {"pads": [1, 1, 1, 1]}),                    # many tiles, M % 8 != 0
     ((1, 9, 10, 10), (17, 9, 1, 1), {}),                                           # 1x1: ragged last tile

@@ -163,9 +163,11 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         return _plan(cache, key, act_attrs, attrs, x, lambda x: _wide_groups(
             x, w, b, dense, act, act_attrs, threads, cache, isa, empty(yshape)))
     if group == c == m and cg == 1:  # depthwise
-        lanes = (algo == "dw_lanes" or algo is None and dw_lanes_chosen(c, wo, sw)) and min(begin) >= 0
+        lanes = (algo == "dw_lanes" or algo is None and dw_lanes_chosen(c, wo, sw, isa or native.ISA)) \
+            and min(begin) >= 0
+        kind = 1 if lanes else 2 if (isa or native.ISA) == "avx512" else 0
         return _plan(cache, key, act_attrs, attrs, x, lambda x: _depthwise(
-            x, empty(yshape), w, b, geo, epi, threads, cache, lanes, flops))
+            x, empty(yshape), w, b, geo, epi, threads, cache, kind, flops))
     if algo is None and threads == 1 and sgemm_pointwise(c, m, group, geo, ho, wo):
         return _plan(cache, key, act_attrs, attrs, x, lambda x: _gemm(
             x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops))
@@ -208,8 +210,10 @@ def _plan(cache, key, act_attrs, attrs, x, run):
     return run(x)
 
 
-def _depthwise(x, y, w, b, geo, epi, threads, cache, lanes, flops):
-    """Bands of channels on the threads, pieces of channels on a contended device."""
+def _depthwise(x, y, w, b, geo, epi, threads, cache, kind, flops):
+    """Bands of channels on the threads, pieces of channels on a contended device. kind: 0 the
+    per-channel kernel (AVX2), 1 channels in the lanes (dwconv_cl.c), 2 per-channel in AVX-512
+    (the same bits as 0, 16 columns a vector)."""
     n, c, h, wd = x.shape
     ho, wo = y.shape[2:]
     kh, kw = geo[:2]
@@ -231,9 +235,9 @@ def _depthwise(x, y, w, b, geo, epi, threads, cache, lanes, flops):
             for c0, c1 in pieces.each(cut) if cut else [(0, c)]:
                 chunks = len(bands) if c1 - c0 == c else max(1, min(len(bands), -(-(c1 - c0) // 8)))
                 _check(LIB.npr_dwconv2d_mt(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo, *epi,
-                                           ptr(y[i]), ho, wo, threads, chunks, int(lanes), c0, c1))
+                                           ptr(y[i]), ho, wo, threads, chunks, kind, c0, c1))
         return y
-    dw_kernel = LIB.npr_dwconv2d_cl if lanes else LIB.npr_dwconv2d
+    dw_kernel = (LIB.npr_dwconv2d, LIB.npr_dwconv2d_cl, LIB.npr_dwconv2d_avx512)[kind]
     for i in range(n):
         for c0, c1 in pieces.each(cut) if cut else bands:
             _check(dw_kernel(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo, *epi, ptr(y[i]), ho, wo, c0, c1))
@@ -317,7 +321,7 @@ FLAT_MAX_PIXELS = 160 * 160  # bigger outputs keep the implicit GEMM / Winograd 
 FLAT_SPLIT_M = 400  # threads split the output channels at most this many output pixels
 
 
-def dw_lanes_chosen(c: int, wo: int, sw: int) -> bool:
+def dw_lanes_chosen(c: int, wo: int, sw: int, isa: str = "avx2") -> bool:
     """Depthwise convs with the channels in the lanes (dwconv_cl.c) where a row of the
     output is short (<= 28) or strided; at least one block of 8 channels. `python
     bench/dwconv.py`, 1 thread (AVX-512 machine, both kernels AVX2): lanes 0.55-0.75x the
@@ -325,7 +329,14 @@ def dw_lanes_chosen(c: int, wo: int, sw: int) -> bool:
     EfficientNet and ConvNeXt (3x3 to 7x7), a tie at 56x56 stride 1, 1.2x slower at 112x112
     stride 1 (a 112-float row fills the per-channel kernel's strips). On whole models
     (alternating, same process): MobileNetV2 0.84-0.90x, EfficientNet-B0 0.75x, NASNet-mobile
-    0.89x, PP-LCNet 0.90x, ConvNeXt-T and YOLOv8n unchanged."""
+    0.89x, PP-LCNet 0.90x, ConvNeXt-T and YOLOv8n unchanged.
+    With AVX-512 the per-channel kernel takes a row 16 columns a vector with a masked last one,
+    and wins down to 14-wide rows (1 thread, 3x3: 96 x 56x56 166 us against lanes 270, 288 x
+    14x14 50 against 55, 192 x 14x14 a tie); lanes keep 7x7 maps (31 against 46) and stride 2
+    (123 against 133 on 96 x 56x56). convtune measures both wherever a conv is big enough.
+    """
+    if isa == "avx512":
+        return c >= 8 and (wo <= 8 or sw > 1)
     return c >= 8 and (wo <= 28 or sw > 1)
 
 
