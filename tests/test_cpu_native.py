@@ -140,6 +140,27 @@ def test_depthwise_avx512_is_the_avx2_kernel_bit_for_bit(threads, rng):
         close(got, KERNELS["conv"](x, w, b, **_attrs(a)), None)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_batch_of_tiny_images(threads, rng):
+    """A batch of 1x1..4x4 maps: depthwise convs run the batch as one image of n*c channels
+    (each image's outputs the same bits as alone), dense ones as one im2col + sgemm over every
+    image's pixels (batch_gemm_chosen), both against the reference."""
+    for hw, k in [(1, 3), (2, 3), (4, 5), (3, 1)]:
+        n, c, m = int(rng.integers(2, 11)), int(rng.integers(9, 70)), int(rng.integers(60, 200))
+        a = {"pads": [k // 2] * 4}
+        x = nonzero_normal(rng, (n, c, hw, hw))
+        wd, bd = nonzero_normal(rng, (c, 1, k, k)) * 0.3, nonzero_normal(rng, (c,))
+        da = {**a, "group": c}
+        whole = nativeconv.conv2d(x, wd, bd, _attrs(da), "relu", {}, threads, {})
+        for i in range(n):
+            one = nativeconv.conv2d(x[i:i + 1], wd, bd, _attrs(da), "relu", {}, threads, {})
+            np.testing.assert_array_equal(whole[i:i + 1], one, err_msg=f"depthwise {x.shape} k={k} image {i}")
+        close(whole, KERNELS["conv"](x, wd, bd, **_attrs(da)), "relu")
+        w, b = nonzero_normal(rng, (m, c, k, k)) * 0.3, nonzero_normal(rng, (m,))
+        assert nativeconv.batch_gemm_chosen(n, c, m, 1, (k, k), hw, hw) == (c * m * k * k >= 4096)
+        check_conv(None, x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, None)
+
+
 FLAT_CONVS = [c for c in CONVS if c[2].get("group", 1) == 1] + [  # + YOLOv8n-like small images
     ((1, 24, 20, 20), (21, 24, 3, 3), {"pads": [1, 1, 1, 1]}),                    # many tiles, M % 8 != 0
     ((1, 9, 10, 10), (17, 9, 1, 1), {}),                                           # 1x1: ragged last tile
