@@ -120,3 +120,51 @@ void npr_add_act_mt(const float *a, const float *b, float *y, long n, int act, f
     add_job j = {a, b, y, n, act, alpha, beta, chunks};
     par_run(add_chunk, &j, chunks, threads);
 }
+
+/* y = act(x * s[c] + t[c]) over x laid out (outer, C, inner), the product and the sum rounded
+ * each (not one FMA), so the same floats as the unfused mul, add and activation nodes
+ * (passes/fuse_channel_affine.py: a BatchNorm written out by hand with nothing before it to
+ * fold into, DenseNet's and pre-activation ResNets'). s or t NULL: 1 or 0 (that step skipped).
+ * Channel runs [r0, r1) of the outer * C runs. */
+static void channel_affine(const float *x, float *y, long C, long inner, const float *s, const float *t,
+                           int act, float alpha, float beta, long r0, long r1)
+{
+    __m256 al = _mm256_set1_ps(alpha), be = _mm256_set1_ps(beta);
+    for (long r = r0; r < r1; r++) {
+        long c = r % C;
+        const float *xs = x + r * inner;
+        float *ys = y + r * inner;
+        __m256 a = _mm256_set1_ps(s ? s[c] : 1.0f), b = _mm256_set1_ps(t ? t[c] : 0.0f);
+        long i = 0;
+        for (; i < inner; i += 8) {
+            long k = inner - i < 8 ? inner - i : 8;
+            float tmp[8] = {0};
+            __m256 v;
+            if (k == 8) v = _mm256_loadu_ps(xs + i);
+            else { memcpy(tmp, xs + i, sizeof(float) * k); v = _mm256_loadu_ps(tmp); }
+            if (s) v = _mm256_mul_ps(v, a);
+            if (t) v = _mm256_add_ps(v, b);
+            v = npr_act(v, act, al, be);
+            if (k == 8) _mm256_storeu_ps(ys + i, v);
+            else { _mm256_storeu_ps(tmp, v); memcpy(ys + i, tmp, sizeof(float) * k); }
+        }
+    }
+}
+
+typedef struct { const float *x; float *y; long C, inner; const float *s, *t; int act; float alpha, beta; long runs;
+                 int chunks; } chaff_job;
+
+static void chaff_chunk(void *ctx, int i)
+{
+    chaff_job *j = ctx;
+    long r0 = par_at(0, j->runs, i, j->chunks), r1 = par_at(0, j->runs, i + 1, j->chunks);
+    if (r1 > r0) channel_affine(j->x, j->y, j->C, j->inner, j->s, j->t, j->act, j->alpha, j->beta, r0, r1);
+}
+
+/* channel_affine over every run, in `chunks` parts of whole channel runs on the pool. */
+void npr_channel_affine_mt(const float *x, float *y, long outer, long C, long inner, const float *s, const float *t,
+                           int act, float alpha, float beta, int threads, int chunks)
+{
+    chaff_job j = {x, y, C, inner, s, t, act, alpha, beta, outer * C, chunks};
+    par_run(chaff_chunk, &j, chunks, threads);
+}

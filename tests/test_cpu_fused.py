@@ -51,6 +51,27 @@ def test_add_activation_matches_reference(rng, act, params, shape, threads):
                                   REF["add_activation"](a, bc, **kw))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act,params", [("relu", []), ("clip", [0.0, 6.0]), ("", []), ("hard_swish", [])])
+@pytest.mark.parametrize("shape,parts", [((1, 64, 28, 28), "st"), ((2, 24, 13, 17), "s"), ((3, 40, 37), "t"),
+                                         ((1, 4, 3, 3), "st")])
+def test_channel_affine_matches_reference(rng, act, params, shape, parts, threads):
+    """act(x * s[c] + t[c]) (passes/fuse_channel_affine.py): chain.c's one pass with the product
+    and the sum rounded each, so the reference's floats (relu, clip, none: exact), whole channel
+    runs over the pool at 2 threads; a small map the reference's way."""
+    x = nonzero_normal(rng, shape)
+    s = nonzero_normal(rng, shape[1:2]) if "s" in parts else None
+    t = nonzero_normal(rng, shape[1:2]) if "t" in parts else None
+    kw = {"activation": act, "activation_params": params}
+    got = fused.KERNELS["channel_affine"](SimpleNamespace(threads=threads))(x, s, t, **kw)
+    want = REF["channel_affine"](x, s, t, **kw)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    if act in ("relu", "clip", ""):
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
 @pytest.mark.parametrize("xshape,sshape", [((2, 16, 30, 40), (16, 1, 1)), ((1, 8, 60, 61), (1, 8, 1, 1)),
                                            ((700, 32), (32,)), ((1, 5, 70, 70), (1,)), ((1, 4, 3, 3), (4, 1, 1))])
 def test_prelu_per_channel_matches_reference(rng, xshape, sshape):

@@ -24,7 +24,7 @@ PASSES = ["eliminate_dead_code", "simplify_shapes", "remove_noops", "fold_batchn
           "layout_block4x4", "layout_nchwc", "fold_affine", "fuse_hard_swish", "fuse_swish", "fuse_gelu",
           "fuse_activation", "fuse_masked_softmax", "fuse_matmul_add", "sink_gather", "fuse_affine_chain",
           "fuse_pad", "push_transposes", "fuse_layer_norm", "batch_shared_weights", "fuse_attention",
-          "inline_constant_if", "fuse_rotary", "lift_over_views", "fuse_add_activation"]
+          "inline_constant_if", "fuse_rotary", "lift_over_views", "fuse_add_activation", "fuse_channel_affine"]
 ESPCN = Path(npurun.__file__).parent / "zoo" / "espcn_x3.onnx"
 
 

@@ -29,6 +29,7 @@ from .fold_constants import fold_constants
 from .fuse_activation import fuse_activation
 from .fuse_add_activation import fuse_add_activation
 from .fuse_attention import fuse_attention
+from .fuse_channel_affine import fuse_channel_affine
 from .fuse_affine_chain import fuse_affine_chain
 from .fuse_gelu import fuse_gelu
 from .fuse_hard_swish import fuse_hard_swish
@@ -66,11 +67,11 @@ STANDARD: list[Pass] = [fold_constants, inline_constant_if, simplify_shapes, fol
 # The cpu backend's lowering: ops after a view of a conv's result moved before the view, then
 # affines into convs (a conv + BN + ReLU then takes the ReLU as its epilogue), activations spelled out in ops made single ops before the epilogue
 # fusion, the softmax's mask add before the matmul adds (which would take it otherwise), an
-# add of two computed values with its activation after those, the scalar affine runs last
-# (they take what the others left).
+# add of two computed values with its activation after those, the per-channel then the scalar
+# affine runs last (they take what the others left).
 CPU_LOWERING: list[Pass] = [lift_over_views, fold_affine, fuse_layer_norm, fuse_hard_swish, fuse_swish, fuse_gelu, fuse_activation,
                             fuse_masked_softmax, fuse_attention, fuse_rotary, fuse_matmul_add, fuse_add_activation,
-                            batch_shared_weights, sink_gather, fuse_affine_chain, eliminate_dead_code]
+                            batch_shared_weights, sink_gather, fuse_channel_affine, fuse_affine_chain, eliminate_dead_code]
 PIPELINES: dict[str, list[Pass]] = {
     "default": STANDARD,
     # The oracle runs a graph as it is written: a pass that broke a model must not break the

@@ -68,6 +68,7 @@ def _signatures() -> dict:
         "npr_affine_act": ([P, P, L, F, F, I, F, F, F, F], None),
         "npr_add_act_mt": ([P, P, P, L, I, F, F, I, I], None),
         "npr_channel_affine_act": ([P, P, L, L, L, P, P, I, F, F], None),
+        "npr_channel_affine_mt": ([P, P, L, L, L, P, P, I, F, F, I, I], None),
         "npr_prelu_channels": ([P, P, L, L, L, P], None),
         # resize.c: one axis of an interpolating resize (ops/vision.py)
         "npr_resize_axis": ([P, P, L, L, L, L, P, P, I], None),

@@ -9,6 +9,8 @@ result is what the unfused chain gave:
     matmul_add(a, b, c*)            ((a @ b) + c0) + c1 ...  (a linear layer's bias, a residual)
     affine_activation(x)            s1 * act(s0 * x + t0) + t1  (scalars; act optional)
     add_activation(a, b)            act(a + b)  (a residual add and the activation after it)
+    channel_affine(x, scale?, shift?)  act((x * scale) + shift), scale and shift one value per
+                                    channel (axis 1), shape (C,) (a BatchNorm written out)
     rope_half(x, cos, sin)          x * cos + rotate_half(x) * sin, rotate_half(x) =
                                     concat(-x[..., d/2:], x[..., :d/2]) (transformers' rotary
                                     embedding as exporters write it)
@@ -56,6 +58,19 @@ def _add_activation(node, a, ins):
     if shape is None:
         _fail(node, f"a {list(ins[0].shape)} and b {list(ins[1].shape)} do not broadcast")
     return [(shape, ins[0].dtype)]
+
+
+@op("channel_affine", ["x", "scale?", "shift?"], attrs={"activation": "", "activation_params": []},
+    groups={"elementwise", "fused"}, macs=lambda a, ins, outs: 2 * numel(outs[0]))
+def _channel_affine(node, a, ins):
+    check_activation(node, a)
+    x = ins[0]
+    c = x.shape[1] if len(x.shape) >= 2 else None
+    for v in ins[1:]:
+        if v is not None and (len(v.shape) != 1 or not isinstance(c, int) or v.shape[0] != c):
+            _fail(node, f"{v.name!r} must hold one value per channel of x {list(x.shape)} (shape [{c}]), "
+                        f"got {list(v.shape)}")
+    return [(x.shape, x.dtype)]
 
 
 @op("rope_half", ["x", "cos", "sin"], groups={"elementwise", "fused"},

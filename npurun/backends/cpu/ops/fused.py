@@ -8,6 +8,7 @@ here computes what the op's reference kernel computes, checked in tests/test_cpu
   node: `linear_kernel`); by a computed operand, banded BLAS with the adds in place;
 - `affine_activation`: csrc/chain.c's one pass y = s1 * act(s0 * x + t0) + t1;
 - `add_activation`: csrc/chain.c's one pass y = act(a + b), on the pool for big maps;
+- `channel_affine`: csrc/chain.c's one pass y = act(x * s[c] + t[c]), on the pool for big maps;
 - `rope_half`: the rotary embedding in NumPy with two fewer temporaries, bit-identical.
 
 Anything a kernel does not take (another dtype, a mask that broadcasts some other way) runs
@@ -221,6 +222,33 @@ def make_add_activation(program):
     return add_activation
 
 
+def make_channel_affine(program):
+    """act((x * scale[c]) + shift[c]) of a float32 map (a BatchNorm written out, with its
+    activation): csrc/chain.c's one pass, the product and the sum each rounded as NumPy's are
+    (the reference's floats), whole channel runs on the pool's threads for a big map; anything
+    else the reference kernel."""
+    from .. import native_activation
+
+    def channel_affine(x, scale=None, shift=None, *, activation, activation_params):
+        act, act_attrs = native_activation(activation, activation_params)
+        if native.LIB is None or x.dtype != np.float32 or x.ndim < 2 or x.size < ADD_ACT_MIN \
+                or any(p is not None and p.dtype != np.float32 for p in (scale, shift)) \
+                or (act is not None and act not in CHAIN_ACTS):
+            return REF["channel_affine"](x, scale, shift, activation=activation, activation_params=activation_params)
+        code, alpha, beta = native.act_params(act, act_attrs)
+        x = np.ascontiguousarray(x)
+        y = np.empty_like(x)
+        s = None if scale is None else np.ascontiguousarray(scale)
+        t = None if shift is None else np.ascontiguousarray(shift)
+        outer, c = x.shape[0], x.shape[1]
+        threads = program.threads
+        chunks = max(1, min(threads, x.size // ADD_ACT_MIN, outer * c))
+        native.LIB.npr_channel_affine_mt(native.ptr(x), native.ptr(y), outer, c, x.size // (outer * c),
+                                         native.ptr(s), native.ptr(t), code, alpha, beta, threads, chunks)
+        return y
+    return channel_affine
+
+
 ADD_ACT_MIN = 1 << 12  # elements: a smaller add is NumPy's (a ctypes call costs what it saves)
 PIECE_MIN = 1 << 20  # elements: smaller maps run in one call (under ~1 ms)
 AFFINE_S_PER_ELEMENT = 1e-9
@@ -248,5 +276,6 @@ KERNELS = {} if T.LIB is None else {
     "matmul_add": make_matmul_add,
     "affine_activation": make_affine_activation,
     "add_activation": make_add_activation,
+    "channel_affine": make_channel_affine,
     "rope_half": make_rope_half,
 }

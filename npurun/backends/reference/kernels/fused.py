@@ -36,6 +36,14 @@ def add_activation(a, b, *, activation, activation_params):
     return activate(KERNELS["add"](a, b), activation, activation_params)
 
 
+@kernel("channel_affine")
+def channel_affine(x, scale=None, shift=None, *, activation, activation_params):
+    per = (1, -1) + (1,) * (x.ndim - 2)  # one value per channel, along axis 1
+    y = x if scale is None else KERNELS["mul"](x, scale.reshape(per))
+    y = y if shift is None else KERNELS["add"](y, shift.reshape(per))
+    return activate(y, activation, activation_params)
+
+
 @kernel("rope_half")
 def rope_half(x, cos, sin):
     # exactly the chain it replaces: x * cos + concat(-x2, x1) * sin
