@@ -444,3 +444,22 @@ def test_convs_along_h_with_one_column_match_reference(rng, threads):
             got = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, threads, {})
             assert got.shape == want.shape
             close(got, want, act, atol=3e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_transposed_views_made_contiguous(threads, rng):
+    """native.contiguous: a transposed float32 view (two axis groups swapped after batch axes:
+    csrc/transpose.c's blocked transpose, 8x8 blocks in 64x64 tiles, ragged edges) is copied to
+    the same values as np.ascontiguousarray gives; other views and small ones are NumPy's."""
+    cases = [((1, 4096, 96), (0, 2, 1)), ((2, 30, 33, 40), (0, 3, 1, 2)), ((1, 24, 57, 61), (0, 2, 3, 1)),
+             ((130, 201), (1, 0)), ((3, 5, 70, 90), (1, 0, 3, 2)), ((2, 7, 1, 300, 77), (0, 3, 4, 2, 1))]
+    for shape, perm in cases:
+        a = nonzero_normal(rng, shape)
+        v = a.transpose(perm)
+        y = native.contiguous(v, threads)
+        assert y.flags.c_contiguous and y.shape == v.shape
+        np.testing.assert_array_equal(y, np.ascontiguousarray(v), err_msg=f"{shape} {perm}")
+    assert native._transpose_plan(nonzero_normal(rng, (1, 64, 300)).transpose(0, 2, 1)) == (1, 64, 300)
+    assert native._transpose_plan(nonzero_normal(rng, (3, 5, 70, 90)).transpose(1, 0, 3, 2)) is None
+    a = nonzero_normal(rng, (64, 64))
+    assert native.contiguous(a) is a  # already contiguous: no copy

@@ -1,6 +1,8 @@
 """Pieces (backends/pieces.py, issue L): a conv run as row pieces with preemption points
 between them gives bit-identical results to the whole node, on random shapes of every cpu
 conv path (direct, Winograd, im2col-GEMM, pointwise), 1 and 2 threads, fresh random inputs."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -136,7 +138,7 @@ def test_affine_chain_and_conv_transpose_pieces_are_bit_identical(rng, monkeypat
 def test_concat_pieces_are_exact(rng):
     from npurun.backends.cpu.ops.concat_pieces import KERNELS as CK
     from npurun.backends.reference.kernels import KERNELS as REF
-    concat = CK["concat"](None)
+    concat = CK["concat"](SimpleNamespace(threads=1))
     xs = [rng.standard_normal((1, 24, 160, 160)).astype(np.float32) for _ in range(4)]
     for axis in (1, -1, 0):
         hook = Counter()
@@ -149,6 +151,12 @@ def test_concat_pieces_are_exact(rng):
         np.testing.assert_array_equal(got, REF["concat"](*xs, axis=axis))
     small = [x[:, :2, :8] for x in xs]
     np.testing.assert_array_equal(concat(*small, axis=1), np.concatenate(small, axis=1))
+    # a transposed input (a token map seen as channels) is made contiguous first: same values
+    tokens = np.ascontiguousarray(xs[2].reshape(1, 24, 25600).transpose(0, 2, 1))  # (1, 25600, 24)
+    seen = tokens.transpose(0, 2, 1).reshape(1, 24, 160, 160)  # a view, channels of stride 1
+    assert not seen.flags.c_contiguous
+    mixed = [xs[0], seen, xs[3].transpose(0, 1, 3, 2)]
+    np.testing.assert_array_equal(concat(*mixed, axis=1), np.concatenate(mixed, axis=1))
 
 
 def test_pieces_learn_how_fast_they_run_and_resize(monkeypatch):

@@ -67,6 +67,8 @@ def _signatures() -> dict:
         # chain.c: elementwise chains and per-channel ops
         "npr_affine_act": ([P, P, L, F, F, I, F, F, F, F], None),
         "npr_add_act_mt": ([P, P, P, L, I, F, F, I, I], None),
+        # transpose.c: a transposed view made contiguous
+        "npr_transpose_mt": ([P, P, L, L, L, L, L, I, I], None),
         "npr_channel_affine_act": ([P, P, L, L, L, P, P, I, F, F], None),
         "npr_channel_affine_mt": ([P, P, L, L, L, P, P, I, F, F, I, I], None),
         "npr_prelu_channels": ([P, P, L, L, L, P], None),
@@ -187,6 +189,54 @@ try:
 except ImportError:  # pragma: no cover -- setup.py builds it on every platform
     def ptr(a: np.ndarray | None) -> int:
         return 0 if a is None else a.ctypes.data
+
+
+TRANSPOSE_MIN = 1 << 14  # elements: a smaller view is NumPy's to copy (a ctypes call costs what it saves)
+
+
+def _transpose_plan(x: np.ndarray):
+    """(batch, rows, cols) when x is a contiguous float32 block seen with two groups of axes
+    swapped after leading batch axes: memory (B, Q, P), x (B, P, Q); else None."""
+    keep = [(n, st // 4) for n, st in zip(x.shape, x.strides) if n != 1]
+    if any(st <= 0 or st * 4 != s for (n, st), s in zip(keep, [s for n, s in zip(x.shape, x.strides) if n != 1])):
+        return None
+    k = len(keep)
+    for m in range(k - 1):
+        for p in range(m + 1, k):
+            b, pp, q = keep[:m], keep[m:p], keep[p:]
+            order = q + pp  # the memory order inside a batch item: Q outer, P inner
+            want, ok = 1, True
+            for n, st in reversed(order):
+                ok &= st == want
+                want *= n
+            for n, st in reversed(b):
+                ok &= st == want
+                want *= n
+            if ok:
+                rows = int(np.prod([n for n, _ in q], dtype=np.int64))
+                cols = int(np.prod([n for n, _ in pp], dtype=np.int64))
+                return int(np.prod([n for n, _ in b], dtype=np.int64)), rows, cols
+    return None
+
+
+def contiguous(x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """x as a C-contiguous array: x itself if it is one; a float32 transposed view (token maps
+    seen as channel maps and back) by csrc/transpose.c's blocked transpose on the pool; else
+    np.ascontiguousarray (which copies a transposed view one float per cache line: 8 ms for a
+    (1, 256, 4096) view of a (1, 4096, 256) block here)."""
+    if x.flags.c_contiguous:
+        return x
+    if LIB is None or x.dtype != np.float32 or x.size < TRANSPOSE_MIN:
+        return np.ascontiguousarray(x)
+    plan = _transpose_plan(x)
+    if plan is None:
+        return np.ascontiguousarray(x)
+    batch, rows, cols = plan
+    y = np.empty(x.shape, np.float32)
+    tiles = batch * -(-rows // 64) * -(-cols // 64)
+    LIB.npr_transpose_mt(x.ctypes.data, ptr(y), batch, rows, cols, rows * cols, cols, threads,
+                         max(1, min(threads, tiles)))
+    return y
 
 
 def broadcasts_to(small: tuple, shape: tuple) -> bool:

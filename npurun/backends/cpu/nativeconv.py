@@ -100,7 +100,9 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
              "kernel_shape": attrs.get("kernel_shape") and [1, attrs["kernel_shape"][0]]}
         y = conv2d(x.reshape(n, c, 1, h), w.reshape(m, cg, 1, kh), b, t, act, act_attrs, threads, cache, isa, algo)
         return y.reshape(n, m, y.shape[3], 1)
-    x = np.ascontiguousarray(x)  # the kernels index a dense (N, C, H, W) block; a view may be strided
+    # the kernels index a dense (N, C, H, W) block; a view may be strided (a transposed one, e.g.
+    # token maps seen as channel maps, by the blocked transpose: native.contiguous)
+    x = native.contiguous(x, threads)
     tuned = ("tuned", x.shape, threads, isa)
     if algo is None:
         algo = cache.get(tuned)  # this node's measured choice (None: not measured yet)

@@ -42,7 +42,7 @@ def make_prelu(program):
         dims = _channels(x, slope) if x.size >= BIG else None
         if dims is None:
             return REF["prelu"](x, slope)
-        x = np.ascontiguousarray(x)
+        x = native.contiguous(x)
         s = np.ascontiguousarray(slope, np.float32).reshape(-1)
         y = np.empty_like(x)
         native.LIB.npr_prelu_channels(native.ptr(x), native.ptr(y), *dims, native.ptr(s))
@@ -57,7 +57,7 @@ def make_batch_normalization(program):
             return REF["batch_normalization"](x, scale, bias, mean, var, epsilon=epsilon, **attrs)
         s64 = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + epsilon)
         s, t = s64.astype(np.float32), (bias - mean * s64).astype(np.float32)
-        x = np.ascontiguousarray(x)
+        x = native.contiguous(x)
         y = np.empty_like(x)
         inner = int(np.prod(x.shape[2:], dtype=np.int64))
         native.LIB.npr_channel_affine_act(native.ptr(x), native.ptr(y), x.shape[0], x.shape[1], inner,
@@ -103,7 +103,7 @@ def make_instance_normalization(program):
         c = x.shape[1] if x.ndim >= 2 else 0
         if not _norm_ok(x, scale, bias, c):
             return REF["instance_normalization"](x, scale, bias, epsilon=epsilon)
-        x = np.ascontiguousarray(x)
+        x = native.contiguous(x)
         y = _normalize_rows(x, x.shape[0] * c, x.size // (x.shape[0] * c), epsilon)
         return _scale_shift(y, c, scale, bias)
     return instance_normalization
@@ -114,7 +114,7 @@ def make_group_normalization(program):
         c = x.shape[1] if x.ndim >= 2 else 0
         if attrs.get("stash_type", 1) not in (1, "f32") or not _norm_ok(x, scale, bias, c) or c % num_groups:
             return REF["group_normalization"](x, scale, bias, num_groups=num_groups, epsilon=epsilon, **attrs)
-        x = np.ascontiguousarray(x)
+        x = native.contiguous(x)
         rows = x.shape[0] * num_groups
         y = _normalize_rows(x, rows, x.size // rows, epsilon)
         return _scale_shift(y, c, scale, bias)

@@ -186,7 +186,7 @@ def make_affine_activation(program):
             return REF["affine_activation"](x, s0=s0, t0=t0, activation=activation,
                                             activation_params=activation_params, s1=s1, t1=t1)
         code, alpha, beta = native.act_params(act, act_attrs)
-        x = np.ascontiguousarray(x)
+        x = native.contiguous(x)
         y = np.empty_like(x)
         xp, yp = native.ptr(x), native.ptr(y)
         # Pieces on a contended device (backends/pieces.py): flat ranges of whole 64-float
@@ -212,7 +212,7 @@ def make_add_activation(program):
                 or (act is not None and act not in CHAIN_ACTS) or a.size < ADD_ACT_MIN:
             return REF["add_activation"](a, b, activation=activation, activation_params=activation_params)
         code, alpha, beta = native.act_params(act, act_attrs)
-        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        a, b = native.contiguous(a), native.contiguous(b)
         y = np.empty_like(a)
         threads = program.threads
         chunks = min(threads, a.size // ADD_ACT_MIN)  # (>= 1: a.size >= ADD_ACT_MIN)
@@ -236,7 +236,7 @@ def make_channel_affine(program):
                 or (act is not None and act not in CHAIN_ACTS):
             return REF["channel_affine"](x, scale, shift, activation=activation, activation_params=activation_params)
         code, alpha, beta = native.act_params(act, act_attrs)
-        x = np.ascontiguousarray(x)
+        x = native.contiguous(x)
         y = np.empty_like(x)
         s = None if scale is None else np.ascontiguousarray(scale)
         t = None if shift is None else np.ascontiguousarray(shift)

@@ -65,13 +65,13 @@ def matmul_add(program, a, b, adds=()):
         return None
     if b.ndim == 2:
         out_shape = a.shape[:-1] + (N,)
-        a2 = np.ascontiguousarray(a).reshape(-1, K)
+        a2 = native.contiguous(a).reshape(-1, K)
         b2 = b
         rows, units = a2.shape[0], a2.shape[0]
     elif a.shape[:-2] == b.shape[:-2]:
         out_shape = a.shape[:-1] + (N,)
-        a2 = np.ascontiguousarray(a).reshape(-1, a.shape[-2], K)
-        b2 = np.ascontiguousarray(b).reshape(-1, K, N)
+        a2 = native.contiguous(a).reshape(-1, a.shape[-2], K)
+        b2 = native.contiguous(b).reshape(-1, K, N)
         rows, units = a2.shape[0] * a2.shape[1], a2.shape[0]
     else:
         return None
@@ -267,7 +267,7 @@ def linear(program, a, b, cache: dict, adds=(), weights=True):
     if cache.get("b") is not b or cache.get("isa") != isa:
         _prepare(cache, b, isa, lib, weights)
     nr = cache["nr"]
-    a2 = np.ascontiguousarray(a)
+    a2 = native.contiguous(a)
     rows = a2.size // K
     y = np.empty(out_shape, np.float32)
     panels = -(-N // nr)

@@ -36,7 +36,7 @@ def _parts(program, size, rows):
 def _elementwise(program, x, fn, *args):
     """y = fn(x) over a flat float32 array: fn(px, py, n, *args), or its `_mt` twin
     (csrc/gemm_mt.c) in `threads` contiguous parts on the library's spinning pool."""
-    x = np.ascontiguousarray(x)
+    x = native.contiguous(x)
     y = np.empty_like(x)
     parts = _parts(program, x.size, x.size)
     if parts > 1:
@@ -94,7 +94,7 @@ def make_layer_normalization(program):
         s, b = _per_element(scale, inner), None if bias is None else _per_element(bias, inner)
         if s is None or (bias is not None and b is None):
             return REF["layer_normalization"](x, scale, bias, axis=axis, epsilon=epsilon, stash_type=stash_type)
-        x = np.ascontiguousarray(x)
+        x = native.contiguous(x)
         n = math.prod(inner)
         rows = x.size // n
         y = np.empty_like(x)
@@ -119,7 +119,7 @@ def rms_call(x, scale, skip=None, bias=None, epsilon=1e-6, want_sum=False):
             or (skip is not None and (skip.dtype != np.float32 or skip.shape != x.shape)) \
             or (bias is not None and (bias.dtype != np.float32 or bias.size != n)):
         return None
-    x = np.ascontiguousarray(x)
+    x = native.contiguous(x)
     sk = None if skip is None else np.ascontiguousarray(skip)
     sc, bi = np.ascontiguousarray(scale).reshape(n), None if bias is None else np.ascontiguousarray(bias).reshape(n)
     rows = x.size // n
@@ -170,7 +170,7 @@ def softmax_call(program, x, mask=None, nan_to=None):
             return None
         div, mrows = rule
         mask = np.ascontiguousarray(mask)
-    x = np.ascontiguousarray(x)
+    x = native.contiguous(x)
     n = x.shape[-1]
     y = np.empty_like(x)
     fix, val = (0, 0.0) if nan_to is None else (1, float(nan_to))

@@ -68,7 +68,7 @@ def _max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad,
     # per-row loops being short there; bench/cpu_ops_ab.py: SPPF's 5x5 on (1, 256, 20, 20)
     # 0.24 ms NumPy, 0.26 C at 1 thread, 0.20 / 0.15 at 2)
     if native.LIB is not None and x.dtype == np.float32 and not (sh == sw == 1 and w <= 24 and threads == 1):
-        x = np.ascontiguousarray(x)
+        x = native.contiguous(x)
         y = np.empty((n, c, ho, wo), np.float32)
         if threads > 1 and y.size >= BIG and n * c > 1:  # planes in parts on the library's pool
             rc = native.LIB.npr_maxpool2d_mt(native.ptr(x), native.ptr(y), n * c, h, w, ho, wo, kh, kw, sh, sw,
@@ -155,7 +155,7 @@ def _average_pool(program):
                 _counts.clear()
             _counts[key] = inv
         c = x.shape[1]
-        y = nativeconv.conv2d(np.ascontiguousarray(x), np.ones((c, 1, *ks), np.float32), None,
+        y = nativeconv.conv2d(native.contiguous(x), np.ones((c, 1, *ks), np.float32), None,
                               {**_conv_attrs(begin, end, st), "group": c}, None, None, program.threads, {})
         return np.multiply(y, inv, out=y)
     return average_pool
@@ -267,7 +267,7 @@ def _global_average_pool(x, *, threads=1):
     if native.LIB is None or x.dtype != np.float32 or x.ndim < 3 or x.size == 0:
         return REF["global_average_pool"](x)
     planes = x.shape[0] * x.shape[1]
-    return plane_means(np.ascontiguousarray(x), planes, x.size // planes, threads) \
+    return plane_means(native.contiguous(x), planes, x.size // planes, threads) \
         .reshape(x.shape[:2] + (1,) * (x.ndim - 2))
 
 

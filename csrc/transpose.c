@@ -1,0 +1,75 @@
+/* Batched 2-D transposes of float32, for turning a transposed view into a contiguous array
+ * (npurun/backends/cpu/native.py `contiguous`): dst[b][c][r] = src[b][r][c].
+ *
+ * Why: NumPy copies a view in the destination's order, so a view whose inner axis has a large
+ * stride (a (1, 4096, 256) token map seen as (1, 256, 4096) channels, SegFormer's and
+ * ConvNeXt's NHWC <-> NCHW steps) reads one float per cache line: 8 ms for 4 MB on the
+ * development VM. Here 8x8 blocks are moved through AVX registers, 64 x 64 tiles at a time so a
+ * tile's source and destination lines stay in L1, tiles split over the library's pool. */
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime (par.h) under -std=c11 */
+#include <immintrin.h>
+#include "par.h"
+
+#define TT 64  /* tile edge */
+
+/* the 8x8 block at (r, c) of a rows x cols matrix with source row pitch sp into dst (pitch dp) */
+static inline void block8(const float *s, long sp, float *d, long dp)
+{
+    __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + sp), r2 = _mm256_loadu_ps(s + 2 * sp),
+           r3 = _mm256_loadu_ps(s + 3 * sp), r4 = _mm256_loadu_ps(s + 4 * sp), r5 = _mm256_loadu_ps(s + 5 * sp),
+           r6 = _mm256_loadu_ps(s + 6 * sp), r7 = _mm256_loadu_ps(s + 7 * sp);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+           t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+           t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+           u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+           u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+           u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(d + dp, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(d + 2 * dp, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(d + 3 * dp, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(d + 4 * dp, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(d + 5 * dp, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(d + 6 * dp, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(d + 7 * dp, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+typedef struct { const float *src; float *dst; long batch, rows, cols, sb, sr; long tr, tc; int chunks; } tr_job;
+
+/* tiles [t0, t1) of all batch * tr * tc tiles */
+static void tr_tiles(const tr_job *j, long t0, long t1)
+{
+    for (long t = t0; t < t1; t++) {
+        long b = t / (j->tr * j->tc), rem = t % (j->tr * j->tc);
+        long r0 = rem / j->tc * TT, c0 = rem % j->tc * TT;
+        long r1 = r0 + TT < j->rows ? r0 + TT : j->rows, c1 = c0 + TT < j->cols ? c0 + TT : j->cols;
+        const float *s = j->src + b * j->sb;
+        float *d = j->dst + b * j->rows * j->cols;
+        long r = r0;
+        for (; r + 8 <= r1; r += 8) {
+            long c = c0;
+            for (; c + 8 <= c1; c += 8) block8(s + r * j->sr + c, j->sr, d + c * j->rows + r, j->rows);
+            for (; c < c1; c++)
+                for (long k = r; k < r + 8; k++) d[c * j->rows + k] = s[k * j->sr + c];
+        }
+        for (; r < r1; r++)
+            for (long c = c0; c < c1; c++) d[c * j->rows + r] = s[r * j->sr + c];
+    }
+}
+
+static void tr_chunk(void *ctx, int i)
+{
+    tr_job *j = ctx;
+    long n = j->batch * j->tr * j->tc;
+    tr_tiles(j, par_at(0, n, i, j->chunks), par_at(0, n, i + 1, j->chunks));
+}
+
+/* dst (batch, cols, rows), contiguous, from src: batch b's row r, column c at
+ * src + b * sb + r * sr + c (columns contiguous). */
+void npr_transpose_mt(const float *src, float *dst, long batch, long rows, long cols, long sb, long sr,
+                      int threads, int chunks)
+{
+    tr_job j = {src, dst, batch, rows, cols, sb, sr, (rows + TT - 1) / TT, (cols + TT - 1) / TT, chunks};
+    par_run(tr_chunk, &j, chunks, threads);
+}
