@@ -234,9 +234,8 @@ def _depthwise(x, y, w, b, geo, epi, threads, cache, kind, flops):
         if cache.get("dw_n", (0,))[0] != n:
             cache["dw_n"] = (n, np.tile(wdw, (n, 1)), np.tile(bdw, n))
         _, wdw, bdw = cache["dw_n"]
-        x, y_img = x.reshape(1, n * c, h, wd), y.reshape(1, n * c, ho, wo)
-        n, c, flops = 1, n * c, flops * n
-        _depthwise_image(x, y_img, wdw, bdw, geo, epi, threads, cache, kind, flops)
+        _depthwise_image(x.reshape(1, n * c, h, wd), y.reshape(1, n * c, ho, wo), wdw, bdw, geo, epi, threads,
+                         cache, kind, flops * n)
         return y
     _depthwise_image(x, y, wdw, bdw, geo, epi, threads, cache, kind, flops)
     return y
