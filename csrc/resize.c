@@ -8,7 +8,9 @@
  * with antialias). The inner loop runs over `inner` (the axes after the resized one: a row of
  * W floats when the H axis is resized), which the compiler vectorizes; the last axis
  * (inner = 1) is one small dot product per output. */
+#define _POSIX_C_SOURCE 200809L  /* clock_gettime (par.h) under -std=c11 */
 #include <stddef.h>
+#include "par.h"
 
 void npr_resize_axis(const float *x, float *y, long outer, long n_in, long inner, long n_out,
                      const long *idx, const float *w, int k)
@@ -36,4 +38,24 @@ void npr_resize_axis(const float *x, float *y, long outer, long n_in, long inner
             }
         }
     }
+}
+
+/* ---- The same over the library's pool: the outer slices (channels of the images) in `chunks`
+ * parts, each npr_resize_axis on its own slices, so the result is the one call's. */
+typedef struct { const float *x; float *y; long outer, n_in, inner, n_out; const long *idx; const float *w; int k, chunks; } rs_job;
+
+static void rs_chunk(void *ctx, int i)
+{
+    rs_job *j = ctx;
+    long o0 = par_at(0, j->outer, i, j->chunks), o1 = par_at(0, j->outer, i + 1, j->chunks);
+    if (o1 > o0)
+        npr_resize_axis(j->x + o0 * j->n_in * j->inner, j->y + o0 * j->n_out * j->inner, o1 - o0, j->n_in,
+                        j->inner, j->n_out, j->idx, j->w, j->k);
+}
+
+void npr_resize_axis_mt(const float *x, float *y, long outer, long n_in, long inner, long n_out,
+                        const long *idx, const float *w, int k, int threads, int chunks)
+{
+    rs_job j = {x, y, outer, n_in, inner, n_out, idx, w, k, chunks};
+    par_run(rs_chunk, &j, chunks, threads);
 }

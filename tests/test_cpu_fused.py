@@ -209,8 +209,12 @@ def test_average_pool_on_the_depthwise_kernel_matches_reference(rng, xshape, att
     ("linear", "pytorch_half_pixel", (1, 4, 1, 9), (1, 20)),
     ("cubic", "half_pixel", (1, 2, 6, 6), (13, 9)),
     ("linear", "asymmetric", (1, 2, 10, 10), (4, 4)),           # downsampling
+    ("linear", "half_pixel", (1, 7, 40, 48), (160, 192)),       # big enough for the pool's threads
+    ("cubic", "align_corners", (2, 3, 30, 31), (90, 93)),
 ])
 def test_interpolating_resize_matches_reference(rng, mode, ctm, shape, size):
+    """csrc/resize.c, an axis at a time; at 2 threads the outer slices split over the pool
+    (the same bits as one thread); against the reference."""
     from npurun.backends.cpu.ops import vision
     from npurun.ir.ops import OPS
     a = {**OPS["resize"].attrs, "mode": mode, "coordinate_transformation_mode": ctm}
@@ -220,3 +224,4 @@ def test_interpolating_resize_matches_reference(rng, mode, ctm, shape, size):
     want = REF["resize"](x, None, None, sizes, **a)
     assert got.shape == want.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(vision._resize(x, None, None, sizes, threads=2, **a), got)

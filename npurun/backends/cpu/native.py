@@ -74,6 +74,7 @@ def _signatures() -> dict:
         "npr_prelu_channels": ([P, P, L, L, L, P], None),
         # resize.c: one axis of an interpolating resize (ops/vision.py)
         "npr_resize_axis": ([P, P, L, L, L, L, P, P, I], None),
+        "npr_resize_axis_mt": ([P, P, L, L, L, L, P, P, I, I, I], None),
         # pool.c: max pooling over planes [p0, p1)
         "npr_maxpool2d": ([P, P, L, L] + [I] * 10, I),
         "npr_maxpool2d_mt": ([P, P, L] + [I] * 12, I),

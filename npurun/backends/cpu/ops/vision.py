@@ -166,9 +166,9 @@ def _conv_attrs(begin, end, strides):
             "group": 1, "kernel_shape": None, "auto_pad": "NOTSET"}
 
 
-def _resize(x, roi=None, scales=None, sizes=None, **a):
+def _resize(x, roi=None, scales=None, sizes=None, threads=1, **a):
     if a.get("mode") in ("linear", "cubic"):
-        y = _interpolate(x, roi, scales, sizes, a)
+        y = _interpolate(x, roi, scales, sizes, a, threads)
         return REF["resize"](x, roi, scales, sizes, **a) if y is None else y
     m = _nearest_map(x, roi, scales, sizes, a)
     if m is None:
@@ -187,6 +187,7 @@ def _resize(x, roi=None, scales=None, sizes=None, **a):
 
 
 PIECE_MIN = 1 << 20           # output elements: a smaller resize is well under a piece
+RESIZE_MT_MIN = 1 << 15       # output elements per thread below which an axis pass stays on one
 RESIZE_S_PER_ELEMENT = 1e-9   # a gathered copy per output element (pieces.split learns the real rate)
 _RESIZE_CAL: dict = {}
 
@@ -194,9 +195,10 @@ _RESIZE_CAL: dict = {}
 _taps: dict = {}  # (axis length, plan entry, attributes) -> (indices (n_out, k), weights float32)
 
 
-def _interpolate(x, roi, scales, sizes, a):
-    """Linear/cubic resize of the spatial axes, an axis at a time; None where the reference
-    must run (other dtypes, tf_crop_and_resize, a resized batch or channel axis)."""
+def _interpolate(x, roi, scales, sizes, a, threads=1):
+    """Linear/cubic resize of the spatial axes, an axis at a time (slices of the outer axes on
+    the pool's threads for a big map: each slice's sums are the one call's); None where the
+    reference must run (other dtypes, tf_crop_and_resize, a resized batch or channel axis)."""
     from ...reference.kernels.shape import _filter_taps, _source_coords
     from .. import native
     if native.LIB is None or x.dtype != np.float32 or x.ndim < 3 \
@@ -225,8 +227,9 @@ def _interpolate(x, roi, scales, sizes, a):
         y = np.ascontiguousarray(y)
         outer, inner = int(np.prod(y.shape[:axis])), int(np.prod(y.shape[axis + 1:]))
         out = np.empty(y.shape[:axis] + (n_out,) + y.shape[axis + 1:], np.float32)
-        native.LIB.npr_resize_axis(native.ptr(y), native.ptr(out), outer, n_in, inner, n_out, native.ptr(idx),
-                                   native.ptr(w), idx.shape[1])
+        chunks = max(1, min(threads, outer, out.size // RESIZE_MT_MIN))
+        native.LIB.npr_resize_axis_mt(native.ptr(y), native.ptr(out), outer, n_in, inner, n_out, native.ptr(idx),
+                                      native.ptr(w), idx.shape[1], threads, chunks)
         y = out
     return y if y is not x else x.copy()
 
@@ -284,5 +287,5 @@ KERNELS = {
     "max_pool": lambda program: functools.partial(_max_pool, threads=program.threads),
     "global_average_pool": lambda program: functools.partial(_global_average_pool, threads=program.threads),
     "average_pool": _average_pool,
-    "resize": lambda program: _resize,
+    "resize": lambda program: functools.partial(_resize, threads=program.threads),
 }
