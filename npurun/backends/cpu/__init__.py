@@ -30,6 +30,9 @@ from .ops.conv1d import CHEAP_IN_C
 
 ACTIVATIONS = native.ACTIVATIONS
 BIG = 1 << 14  # elements; a smaller activation is not worth a second thread (C pool: ~1-5 us a hand-off)
+
+# Kernels allocate their outputs every run: freed pages are kept for the next one (native.py says why).
+native.keep_freed_pages()
 SMALL = 4096  # elements; a smaller activation runs its NumPy reference kernel
 # bytes; a smaller weight keeps its float32 array beside its packs: a product by it may be
 # small enough for NumPy's dot (fused.SMALL_FLOP: 2 * rows * K * N below it; ~3 us against the
