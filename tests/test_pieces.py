@@ -213,7 +213,7 @@ def test_nearest_resize_pieces_are_bit_identical(rng, monkeypatch):
     """cpu/ops/vision.py: a nearest resize as channel pieces (each the same gather) on a
     contended device, against the whole node; batch 1 and 2, integer and fractional scales."""
     from npurun.backends.cpu.ops import vision
-    resize = vision.KERNELS["resize"](None)
+    resize = vision.KERNELS["resize"](SimpleNamespace(threads=1))
     attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor",
              "axes": None, "keep_aspect_ratio_policy": "stretch", "cubic_coeff_a": -0.75,
              "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0}
