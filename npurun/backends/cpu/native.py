@@ -198,46 +198,45 @@ TRANSPOSE_MIN = 1 << 14  # elements: a smaller view is NumPy's to copy (a ctypes
 def _transpose_plan(x: np.ndarray):
     """(batch, rows, cols) when x is a contiguous float32 block seen with two groups of axes
     swapped after leading batch axes: memory (B, Q, P), x (B, P, Q); else None."""
-    keep = [(n, st // 4) for n, st in zip(x.shape, x.strides) if n != 1]
-    if any(st <= 0 or st * 4 != s for (n, st), s in zip(keep, [s for n, s in zip(x.shape, x.strides) if n != 1])):
+    keep = [(n, s) for n, s in zip(x.shape, x.strides) if n != 1]
+    if any(s <= 0 or s % 4 for _, s in keep):
         return None
-    k = len(keep)
-    for m in range(k - 1):
-        for p in range(m + 1, k):
+    keep = [(n, s // 4) for n, s in keep]
+    size = lambda axes: int(np.prod([n for n, _ in axes], dtype=np.int64))  # noqa: E731
+    for m in range(len(keep) - 1):
+        for p in range(m + 1, len(keep)):
             b, pp, q = keep[:m], keep[m:p], keep[p:]
-            order = q + pp  # the memory order inside a batch item: Q outer, P inner
-            want, ok = 1, True
-            for n, st in reversed(order):
-                ok &= st == want
+            want = 1  # the strides of a contiguous (B, Q, P) block, innermost first
+            for n, st in reversed(b + q + pp):
+                if st != want:
+                    break
                 want *= n
-            for n, st in reversed(b):
-                ok &= st == want
-                want *= n
-            if ok:
-                rows = int(np.prod([n for n, _ in q], dtype=np.int64))
-                cols = int(np.prod([n for n, _ in pp], dtype=np.int64))
-                return int(np.prod([n for n, _ in b], dtype=np.int64)), rows, cols
+            else:
+                return size(b), size(q), size(pp)
     return None
 
 
-def contiguous(x: np.ndarray, threads: int = 1) -> np.ndarray:
-    """x as a C-contiguous array: x itself if it is one; a float32 transposed view (token maps
-    seen as channel maps and back) by csrc/transpose.c's blocked transpose on the pool; else
-    np.ascontiguousarray (which copies a transposed view one float per cache line: 8 ms for a
-    (1, 256, 4096) view of a (1, 4096, 256) block here)."""
-    if x.flags.c_contiguous:
+def untranspose(x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """A float32 transposed view (token maps seen as channel maps and back) made contiguous by
+    csrc/transpose.c's blocked transpose on the pool; any other x as it is."""
+    if x.flags.c_contiguous or LIB is None or x.dtype != np.float32 or x.size < TRANSPOSE_MIN:
         return x
-    if LIB is None or x.dtype != np.float32 or x.size < TRANSPOSE_MIN:
-        return np.ascontiguousarray(x)
     plan = _transpose_plan(x)
     if plan is None:
-        return np.ascontiguousarray(x)
+        return x
     batch, rows, cols = plan
     y = np.empty(x.shape, np.float32)
     tiles = batch * -(-rows // 64) * -(-cols // 64)
     LIB.npr_transpose_mt(x.ctypes.data, ptr(y), batch, rows, cols, rows * cols, cols, threads,
                          max(1, min(threads, tiles)))
     return y
+
+
+def contiguous(x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """x as a C-contiguous array: x itself if it is one; a transposed view by `untranspose`;
+    else np.ascontiguousarray (which copies a transposed view one float per cache line: 8 ms
+    for a (1, 256, 4096) view of a (1, 4096, 256) block here)."""
+    return np.ascontiguousarray(untranspose(x, threads))
 
 
 def broadcasts_to(small: tuple, shape: tuple) -> bool:

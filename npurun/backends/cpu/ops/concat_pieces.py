@@ -4,7 +4,8 @@ between inputs (PP-OCR det concatenates four 24x160x160 maps: 2.5-4 ms in one Nu
 A copy is exact, so the result is bit-identical; small or uncontended concats (and mixed
 dtypes, which NumPy promotes) are the reference kernel itself. A transposed float32 input
 (SegFormer's head concatenates three upsampled maps and one token map seen as channels) is
-made contiguous first by the blocked transpose (native.contiguous): NumPy's concatenate copies
+made contiguous first by the blocked transpose (native.untranspose; other views are left to
+NumPy, which copies them once): NumPy's concatenate copies
 it one float per cache line (18 ms of a 65 ms run)."""
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ PIECE_MIN = 1 << 20  # output elements below which one call is under ~1 ms
 
 
 def _concat(*xs, axis, threads=1):
-    xs = [native.contiguous(x, threads) if type(x) is np.ndarray and x.dtype == np.float32 else x for x in xs]
+    xs = [native.untranspose(x, threads) if type(x) is np.ndarray else x for x in xs]
     if len(xs) < 2 or any(type(x) is not np.ndarray for x in xs) or sum(x.size for x in xs) < PIECE_MIN \
             or len({x.dtype for x in xs}) != 1 or not pieces.wanted():
         return REF["concat"](*xs, axis=axis)

@@ -144,14 +144,13 @@ def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threa
         rc = _LIB.npr_recurrent2_mt(0, p(projs[0]), p(projs[1]), p(rts[0]), p(rts[1]), None, None, p(hs[0]),
                                     p(hs[1]), p(cs[0]), p(cs[1]), p(y[0, 0]), p(y[0, 1]), ys, seq, batch, hid, 0,
                                     threads)
-        if rc:
-            raise MemoryError("the LSTM kernel could not allocate its gate buffer")
-        projs = []
-    for d, proj in enumerate(projs):
-        rc = _LIB.npr_lstm_f32(native.ptr(proj), native.ptr(rts[d]), native.ptr(hs[d]), native.ptr(cs[d]),
-                               native.ptr(y[0, d]), ys, seq, batch, hid, int(direction == "reverse" or d == 1))
-        if rc:
-            raise MemoryError("the LSTM kernel could not allocate its gate buffer")
+    else:
+        rc = 0
+        for d, proj in enumerate(projs):
+            rc = rc or _LIB.npr_lstm_f32(native.ptr(proj), native.ptr(rts[d]), native.ptr(hs[d]), native.ptr(cs[d]),
+                                         native.ptr(y[0, d]), ys, seq, batch, hid, int(direction == "reverse" or d == 1))
+    if rc:
+        raise MemoryError("the LSTM kernel could not allocate its gate buffer")
     if layout:
         return y.transpose(2, 0, 1, 3), hs.transpose(1, 0, 2), cs.transpose(1, 0, 2)
     return y, hs, cs
@@ -247,14 +246,13 @@ def _gru_native(x, w, r, b, initial_h, hid, direction, layout, lbr, threads=1):
         rc = _LIB.npr_recurrent2_mt(1, p(projs[0]), p(projs[1]), p(rts[0]), p(rts[1]), p(rbhs[0]), p(rbhs[1]),
                                     p(hs[0]), p(hs[1]), None, None, p(y[0, 0]), p(y[0, 1]), ys, seq, batch, hid,
                                     int(bool(lbr)), threads)
-        if rc:
-            raise MemoryError("the GRU kernel could not allocate its gate buffer")
-        projs = []
-    for d, proj in enumerate(projs):
-        rc = _LIB.npr_gru_f32(p(proj), p(rts[d]), p(rbhs[d]), p(hs[d]), p(y[0, d]), ys, seq, batch, hid,
-                              int(direction == "reverse" or d == 1), int(bool(lbr)))
-        if rc:
-            raise MemoryError("the GRU kernel could not allocate its gate buffer")
+    else:
+        rc = 0
+        for d, proj in enumerate(projs):
+            rc = rc or _LIB.npr_gru_f32(p(proj), p(rts[d]), p(rbhs[d]), p(hs[d]), p(y[0, d]), ys, seq, batch, hid,
+                                        int(direction == "reverse" or d == 1), int(bool(lbr)))
+    if rc:
+        raise MemoryError("the GRU kernel could not allocate its gate buffer")
     if layout:
         return y.transpose(2, 0, 1, 3), hs.transpose(1, 0, 2)
     return y, hs
