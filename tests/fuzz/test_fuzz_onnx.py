@@ -317,3 +317,18 @@ def test_an_empty_reduction_larger_than_memory_is_refused(tmp_path, device, op):
     with pytest.raises(InputError, match=r"node 'r' \(reduce_\w+\): the reduction of an empty \[2147483647, 0, 4\] "
                                          r"over axes \[1\] would take 32\.0 GiB"):
         exe.run_sync(model, {"x": np.zeros((2**31 - 1, 0, 4), np.float32), "axes": np.array([1])})
+
+
+def test_a_padded_conv_input_larger_than_memory_is_refused():
+    """Found by `make test`'s fuzz run: an empty (2^31 - 1, 1, 0, 2) input of a padded 5x5 conv
+    has an empty output, but the reference kernel pads its input whole first (192 GiB there;
+    12 TiB here, with 64 channels: more than any machine has). Said before the allocation (an
+    InputError naming the padded input), not a MemoryError."""
+    from npurun.backends.reference.kernels import KERNELS
+    from npurun.errors import InputError
+    x, w = np.zeros((2**31 - 1, 64, 0, 2), np.float32), np.ones((64, 64, 5, 5), np.float32)
+    attrs = {"strides": None, "pads": [2, 2, 2, 2], "dilations": None, "group": 1, "kernel_shape": None,
+             "auto_pad": "NOTSET"}
+    with pytest.raises(InputError, match=r"the conv's padded input \[2147483647, 64, 4, 6\] would take 12288\.0 GiB"):
+        KERNELS["conv"](x, w, None, **attrs)
+    assert KERNELS["conv"](np.ones((2, 64, 0, 2), np.float32), w, None, **attrs).shape == (2, 64, 0, 2)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ....ir.dtypes import to_numpy
+from ....util import check_fits
 from . import KERNELS, _like, empty_reduction_fits, kernel
 from .elementwise import activate
 
@@ -64,6 +65,11 @@ def conv(x, w, b=None, *, strides, pads, dilations, group, kernel_shape, auto_pa
     acc = np.result_type(x, w)
     if acc.kind in "fV" and acc.itemsize < 4:
         acc = np.dtype(np.float32)
+    # the padded input is allocated whole: an empty input with a huge batch (found by `make
+    # fuzz`: (2^31-1, 1, 0, 2) padded to 192 GiB) is said before the allocation
+    padded = [s + bg + e for s, bg, e in zip(x.shape[2:], begin, end)]
+    check_fits(math.prod(x.shape[:2]) * math.prod(padded) * acc.itemsize,
+               lambda: f"the conv's padded input {list(x.shape[:2]) + padded}")
     xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end))).astype(acc, copy=False)
     n, c = x.shape[:2]
     m, g = w.shape[0], group
