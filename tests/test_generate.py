@@ -205,13 +205,25 @@ def test_genai_greedy_equals_onnxruntime_genai(models, arch, precision, device):
 
 @pytest.mark.parametrize("arch,precision", GENAI[:2])
 def test_genai_logits_match_onnxruntime(models, arch, precision, rng):
+    """Each step against ONNX Runtime fed the same cache as ours (our rows as its past): a
+    rounding flip (see INT4_SLACK) then shows in the one step where it happens. Compared over a
+    whole run instead, a flip in the prompt step moved every later step's logits through the
+    cache (errors 1.6e-2 on 4 of 5 steps, ~1 run in 4)."""
     gen = npurun.Generator(models[arch][0] / f"genai-{precision}", device="cpu")
     s = gen.spec
     ids = gen.encode(PROMPT)[:2] + [int(t) for t in rng.integers(2, gen.vocab_size, 4)]
-    want = _ort_genai_logits(s.path, ids, 256, s.layers, s.kv_heads, s.head_size)
+    sess = ort.InferenceSession(str(s.path), providers=["CPUExecutionProvider"])
     cache = gen.new_cache(256)
-    got = [gen.step(cache, ids[:2])] + [gen.step(cache, [t]) for t in ids[2:]]
-    errs = [float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got, want)]
+    errs = []
+    for chunk in [ids[:2]] + [[t] for t in ids[2:]]:
+        n = cache.length
+        feeds = {"input_ids": np.array([chunk], np.int64), "attention_mask": np.ones((1, n + len(chunk)), np.int64)}
+        for i in range(s.layers):
+            feeds[f"past_key_values.{i}.key"] = cache.keys[i].copy()
+            feeds[f"past_key_values.{i}.value"] = cache.values[i].copy()
+        want = sess.run(["logits"], feeds)[0][0, -1]
+        got = gen.step(cache, chunk)
+        errs.append(float(np.abs(got - want).max() / np.abs(want).max()))
     if precision == "fp32":
         assert max(errs) < 1e-4, errs
     else:  # see INT4_SLACK: float32 agreement but for a rounding flip
