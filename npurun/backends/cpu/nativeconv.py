@@ -355,12 +355,15 @@ def dw_lanes_chosen(c: int, wo: int, sw: int, isa: str = "avx2") -> bool:
     (alternating, same process): MobileNetV2 0.84-0.90x, EfficientNet-B0 0.75x, NASNet-mobile
     0.89x, PP-LCNet 0.90x, ConvNeXt-T and YOLOv8n unchanged.
     With AVX-512 the per-channel kernel takes a row 16 columns a vector with a masked last one,
-    and wins down to 14-wide rows (1 thread, 3x3: 96 x 56x56 166 us against lanes 270, 288 x
-    14x14 50 against 55, 192 x 14x14 a tie); lanes keep 7x7 maps (31 against 46) and stride 2
-    (123 against 133 on 96 x 56x56). convtune measures both wherever a conv is big enough.
+    four output rows a block, and wins down to 14-wide rows at stride 1 and 28-wide at stride 2
+    (`bench/dwconv.py`, 1 thread: 144 x 56x56 stride 2 169 us against lanes 179, 96 x 112x112
+    stride 2 418 against 444, 5x5 on 28x28 191 against 243); lanes keep rows of at most 8
+    (960 x 7x7 3x3 49 against 67, 1152 x 7x7 5x5 103 against 168) and stride 2 onto rows of
+    at most 16 (576 x 14x14 -> 7x7 52 against 85). convtune measures both wherever a conv is
+    big enough.
     """
     if isa == "avx512":
-        return c >= 8 and (wo <= 8 or sw > 1)
+        return c >= 8 and (wo <= 8 or (sw > 1 and wo <= 16))
     return c >= 8 and (wo <= 28 or sw > 1)
 
 
