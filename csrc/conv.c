@@ -209,44 +209,51 @@ int npr_dwconv2d(const float *x, int C, int H, int W, const float *w, const floa
  * four output rows a block where the geometry is known (dw512_known). */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
-/* dw_fill in AVX-512 for strides 1 and 2 (pads >= 0): each padded row's planes zeroed and its
- * input row copied by vector stores with a masked last one; at stride 2 each 32 input floats are
- * split into their even and odd columns by two permutes (the general fill's memset and memcpy
- * calls per row were half the kernel's time on 14x14 maps, its scalar-tailed AVX2 copy of every
- * other float most of a stride-2 conv's). */
+/* dw_fill in AVX-512 for strides 1 and 2 (pads >= 0), for a buffer zeroed once per call: a
+ * channel's input rows are copied to the same places as every other channel's, so the padding
+ * around them stays zero and only the copies are redone (the general fill zeroed every row of
+ * every channel: on 28x28 -> 14x14 stride-2 maps, the fill was most of the kernel). At stride
+ * 2 each 32 input floats are split into even and odd columns by two permutes. */
 static void dw_fill512(float *pad, const float *xc, int H, int W, int Hp, int Wq, int sw, int pt, int pl)
 {
-    const __m512 z = _mm512_setzero_ps();
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 #define MASK(n) ((n) >= 16 ? (__mmask16)0xFFFF : (n) > 0 ? (__mmask16)((1u << (n)) - 1) : (__mmask16)0)
-    for (int r = 0; r < Hp; r++) {
-        float *row = pad + (size_t)r * sw * Wq;
-        int q = 0;
-        for (; q + 16 <= sw * Wq; q += 16) _mm512_storeu_ps(row + q, z);
-        if (q < sw * Wq) _mm512_mask_storeu_ps(row + q, MASK(sw * Wq - q), z);
-        int iy = r - pt;
-        if (iy < 0 || iy >= H) continue;
-        const float *src = xc + (long)iy * W;
-        if (sw == 1) {
-            int n = W < Wq - pl ? W : Wq - pl;  /* input columns that land in the plane */
-            float *d = row + pl;
-            for (int j = 0; j < n; j += 16) {
-                __mmask16 m = MASK(n - j);
-                _mm512_mask_storeu_ps(d + j, m, _mm512_maskz_loadu_ps(m, src + j));
-            }
-        } else {  /* input column ix is padded column ix + pl: plane (ix + pl) % 2, at (ix + pl) / 2 */
-            float *de = row + (pl & 1) * Wq + pl / 2, *dd = row + (1 - (pl & 1)) * Wq + (pl + 1) / 2;
-            int ne = (W + 1) / 2, no = W / 2;  /* even and odd input columns that land in the plane */
-            if (ne > Wq - pl / 2) ne = Wq - pl / 2;
-            if (no > Wq - (pl + 1) / 2) no = Wq - (pl + 1) / 2;
-            for (int m = 0; m < ne; m += 16) {
-                int left = W - 2 * m;
-                __m512 a = _mm512_maskz_loadu_ps(MASK(left), src + 2 * m);
-                __m512 b = _mm512_maskz_loadu_ps(MASK(left - 16), src + 2 * m + 16);
-                _mm512_mask_storeu_ps(de + m, MASK(ne - m), _mm512_permutex2var_ps(a, even, b));
-                _mm512_mask_storeu_ps(dd + m, MASK(no - m), _mm512_permutex2var_ps(a, odd, b));
-            }
+    int r0 = pt, r1 = H + pt < Hp ? H + pt : Hp;  /* the padded rows that hold input rows */
+    if (sw == 1) {
+        int n = W < Wq - pl ? W : Wq - pl;  /* input columns that land in the plane */
+        int full = n / 16 * 16;
+        __mmask16 m = MASK(n - full);
+        for (int r = r0; r < r1; r++) {
+            float *d = pad + (size_t)r * Wq + pl;
+            const float *src = xc + (long)(r - pt) * W;
+            for (int j = 0; j < full; j += 16) _mm512_storeu_ps(d + j, _mm512_loadu_ps(src + j));
+            if (m) _mm512_mask_storeu_ps(d + full, m, _mm512_maskz_loadu_ps(m, src + full));
+        }
+        return;
+    }
+    /* input column ix is padded column ix + pl: plane (ix + pl) % 2, at (ix + pl) / 2 */
+    int ne = (W + 1) / 2, no = W / 2;  /* even and odd input columns that land in the planes */
+    if (ne > Wq - pl / 2) ne = Wq - pl / 2;
+    if (no > Wq - (pl + 1) / 2) no = Wq - (pl + 1) / 2;
+    int full = W / 32 * 16;  /* even (odd) columns of the whole 32-float blocks */
+    if (full > no) full = no / 16 * 16;
+    for (int r = r0; r < r1; r++) {
+        float *row = pad + (size_t)r * 2 * Wq;
+        float *de = row + (pl & 1) * Wq + pl / 2, *dd = row + (1 - (pl & 1)) * Wq + (pl + 1) / 2;
+        const float *src = xc + (long)(r - pt) * W;
+        int m = 0;
+        for (; m < full; m += 16) {
+            __m512 a = _mm512_loadu_ps(src + 2 * m), b = _mm512_loadu_ps(src + 2 * m + 16);
+            _mm512_storeu_ps(de + m, _mm512_permutex2var_ps(a, even, b));
+            _mm512_storeu_ps(dd + m, _mm512_permutex2var_ps(a, odd, b));
+        }
+        for (; m < ne; m += 16) {
+            int left = W - 2 * m;
+            __m512 a = _mm512_maskz_loadu_ps(MASK(left), src + 2 * m);
+            __m512 b = _mm512_maskz_loadu_ps(MASK(left - 16), src + 2 * m + 16);
+            _mm512_mask_storeu_ps(de + m, MASK(ne - m), _mm512_permutex2var_ps(a, even, b));
+            _mm512_mask_storeu_ps(dd + m, MASK(no - m), _mm512_permutex2var_ps(a, odd, b));
         }
     }
 #undef MASK
@@ -335,6 +342,9 @@ int npr_dwconv2d_avx512(const float *x, int C, int H, int W, const float *w, con
     size_t plane_rows = (size_t)Hp * sw;
     float *pad = aligned_alloc(64, sizeof(float) * ((plane_rows * Wq + 15) & ~(size_t)15));
     if (!pad) return -1;
+    /* strides 1 and 2 with pads >= 0: the padding zeroed here once, for every channel */
+    int zeroed = (sw == 1 || sw == 2) && pl >= 0 && pt >= 0;
+    if (zeroed) memset(pad, 0, sizeof(float) * plane_rows * Wq);
     long *off = malloc(sizeof(long) * kh * kw);  /* tap t's offset in the planes */
     if (!off) { free(pad); return -1; }
     for (int ky = 0; ky < kh; ky++)
@@ -345,7 +355,7 @@ int npr_dwconv2d_avx512(const float *x, int C, int H, int W, const float *w, con
     __m512 al = _mm512_set1_ps(alpha), be = _mm512_set1_ps(beta);
     for (int c = c0; c < c1; c++) {
         const float *xc = x + (long)c * H * W, *wc = w + (long)c * kh * kw;
-        if ((sw == 1 || sw == 2) && pl >= 0 && pt >= 0)
+        if (zeroed)
             dw_fill512(pad, xc, H, W, Hp, Wq, sw, pt, pl);
         else
             dw_fill(pad, xc, H, W, Hp, Wq, sw, pt, pl);
