@@ -463,3 +463,45 @@ def test_transposed_views_made_contiguous(threads, rng):
     assert native._transpose_plan(nonzero_normal(rng, (3, 5, 70, 90)).transpose(1, 0, 3, 2)) is None
     a = nonzero_normal(rng, (64, 64))
     assert native.contiguous(a) is a  # already contiguous: no copy
+
+
+@pytest.mark.parametrize("case", [
+    ((1, 8, 16, 16), (6, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 8, 16, 16), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 8, 16, 16), (6, 8, 1, 1), {"strides": [2, 2]}),  # gathered first: never memoized
+    ((1, 8, 16, 1), (6, 8, 3, 1), {"pads": [1, 0, 1, 0]}),  # a 1-D conv along H: run as (N, C, 1, L)
+])
+def test_conv_step_calls_its_plan_directly(case, rng):
+    """nativeconv.conv_step: a conv step's call of a shape that finds its plan keeps it, and later calls
+    of that shape run it without the general path (the first ones may plan twice: untuned,
+    then under its tuned choice); any other shape, a non-contiguous input, or
+    a conv whose input is reshaped or gathered before it is planned goes through the general
+    path every time. Every output is the general path's (fresh cache) bit for bit and the
+    reference's."""
+    xs, ws, a = case
+    w = nonzero_normal(rng, ws) * 0.3
+    b = nonzero_normal(rng, ws[:1])
+    attrs = _attrs(a)
+    calls = []
+
+    def general(x, w, b=None, _cache=None, **attrs):
+        calls.append(x.shape)
+        return nativeconv.conv2d(x, w, b, attrs, "relu", {}, 1, _cache, memo=True)
+
+    step = nativeconv.conv_step(general, {})
+    other = (1, xs[1], 10, 12) if xs[3] != 1 else (1, xs[1], 9, 1)
+    for shape in (xs, xs, xs, other, xs):
+        x = nonzero_normal(rng, shape)
+        got = step(x, w, b, **attrs)
+        np.testing.assert_array_equal(got, nativeconv.conv2d(x, w, b, attrs, "relu", {}, 1, {}))
+        close(got, KERNELS["conv"](x, w, b, **attrs), "relu")
+    gathered = a.get("strides") == [2, 2] and ws[2:] == (1, 1)
+    if gathered or xs[3] == 1:
+        assert calls == [xs, xs, xs, other, xs]
+    else:  # the first shape planned (once per conv2d key: untuned, then its rule) and kept
+        assert calls[-1] == other and 2 <= calls.count(xs) <= 3, calls
+    n = len(calls)
+    xt = nonzero_normal(rng, (xs[0], xs[1], xs[3], xs[2])).transpose(0, 1, 3, 2)  # not contiguous
+    got = step(xt, w, b, **attrs)
+    assert calls[n:] == [xs]
+    np.testing.assert_array_equal(got, nativeconv.conv2d(np.ascontiguousarray(xt), w, b, attrs, "relu", {}, 1, {}))

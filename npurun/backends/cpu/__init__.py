@@ -13,7 +13,6 @@ checked against the reference kernel in tests/test_cpu_*.py.
 """
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 
@@ -85,7 +84,7 @@ class CpuProgram(Program):
         cache keeps them packed between runs (weights that are inputs may change from run to
         run: those are packed on each)."""
         if node.op == "conv" and node.precision in (None, "f32") and self._const(node.inputs[1]):
-            return functools.partial(fn, _cache={})
+            return nativeconv.conv_step(fn, {})
         if node.op in ("matmul", "matmul_add") and node.precision in (None, "f32") and fn is not None \
                 and self._const(node.inputs[1], ndim=2):
             # One packed copy per weight, shared by every node that reads it, under any name
@@ -143,7 +142,9 @@ class CpuProgram(Program):
     def _conv(self, x, w, b=None, *, activation="", activation_params=(), _cache=None, **attrs):
         act, act_attrs = native_activation(activation, activation_params)
         if nativeconv.applies(x, w, attrs) and act is not False:
-            return nativeconv.conv2d(x, w, b, attrs, act, act_attrs, self.threads, {} if _cache is None else _cache)
+            if _cache is None:
+                return nativeconv.conv2d(x, w, b, attrs, act, act_attrs, self.threads, {})
+            return nativeconv.conv2d(x, w, b, attrs, act, act_attrs, self.threads, _cache, memo=True)
         if act is not False and conv.fast_conv_applies(x, w, attrs) and (act is None or act in conv.EPILOGUES):
             return conv.conv2d(x, w, b, attrs, act, act_attrs)
         return KERNELS["conv"](x, w, b, activation=activation, activation_params=activation_params, **attrs)

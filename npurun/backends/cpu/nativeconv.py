@@ -69,12 +69,17 @@ def pack(w: np.ndarray, b: np.ndarray | None, group: int, mr: int = MR):
 
 
 def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None = None,
-           algo: str | None = None):
+           algo: str | None = None, memo: bool = False):
     """algo: None picks by measurement (convtune: the fastest kernel for this shape on this
     machine, timed on its first call) where convtune measures, else as "rule" does; "rule" picks
     by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen / dw_lanes_chosen; "direct",
     "winograd", "flat", "gemm", "smallc", "dw_lanes" (depthwise with the channels in the lanes;
-    "direct" is the per-channel one) forces one (tests, benches)."""
+    "direct" is the per-channel one) forces one (tests, benches).
+    memo: `cache` is one node's, whose weights, attributes and activation never change (a
+    program's conv step, CpuProgram.lower): once planned for x's shape, the plan is also kept
+    as cache["memo", x.shape], which the step calls on a contiguous float32 x of that shape
+    without coming here (conv_step)."""
+    shape0 = x.shape if memo else None  # (None where x is reshaped or gathered below)
     if GATHER_STRIDED_1X1 and w.shape[2:] == (1, 1) and tuple(attrs["strides"] or (1, 1)) != (1, 1) \
             and not any(attrs["pads"] or ()):
         # A strided 1x1 conv reads only every s-th pixel: it is the stride-1 conv of those
@@ -84,6 +89,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         # 1.81 -> 1.33 ms, 128->256 on 56x56 338 -> 270 us).
         sh, sw = attrs["strides"]
         x = x[:, :, ::sh, ::sw]
+        shape0 = None
         attrs = {**attrs, "strides": [1, 1], "auto_pad": "NOTSET"}
     if x.shape[3] == 1 and w.shape[3] == 1 and x.shape[2] > 1 and (
             attrs["auto_pad"] != "NOTSET" or not attrs["pads"] or attrs["pads"][1] == attrs["pads"][3] == 0):
@@ -112,6 +118,8 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     key = ("plan", x.shape, threads, isa, algo, act)
     hit = cache.get(key)
     if hit is not None and (hit[0] is act_attrs or hit[0] == act_attrs) and hit[2] == attrs:
+        if shape0 == x.shape:
+            cache["memo", shape0] = hit[1]
         return hit[1](x)
     n, c, h, wd = x.shape
     m, cg, kh, kw = w.shape
@@ -205,6 +213,24 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
             x, w, b, geo, *epi, empty(yshape), threads, cache, isa, flops))
     return _plan(cache, key, act_attrs, attrs, x, lambda x: _direct(
         x, empty(yshape), w, b, group, geo, epi, threads, cache, isa, flops))
+
+
+F32 = np.dtype(np.float32)
+
+
+def conv_step(fn, cache: dict):
+    """A program's conv step with constant weights: `fn` (the backend's conv kernel, called
+    with `cache` as the node's) until conv2d has planned the node for an input shape, then that
+    plan straight away. The path from the step to the plan (the 1-D and strided-1x1 checks, the
+    activation's lookup, the plan's key and the attributes' comparison, three frames with their
+    keyword arguments) cost 4-6 us a conv on the development VM, where a small depthwise conv's
+    kernel takes 3-20."""
+    def run(x, w, b=None, **attrs):
+        plan = cache.get(("memo", x.shape))
+        if plan is not None and x.dtype is F32 and x.flags.c_contiguous:
+            return plan(x)
+        return fn(x, w, b, _cache=cache, **attrs)
+    return run
 
 
 def _plan(cache, key, act_attrs, attrs, x, run):
