@@ -505,3 +505,33 @@ def test_conv_step_calls_its_plan_directly(case, rng):
     got = step(xt, w, b, **attrs)
     assert calls[n:] == [xs]
     np.testing.assert_array_equal(got, nativeconv.conv2d(np.ascontiguousarray(xt), w, b, attrs, "relu", {}, 1, {}))
+
+
+@pytest.mark.parametrize("binding", ["bound", "ctypes fallback"])
+def test_bound_call_is_the_ctypes_call(binding, rng, monkeypatch):
+    """native.bound: a kernel's arguments converted once (integer-class and float ones in
+    their order, x and y put in their slots on each call) give the ctypes call's outputs bit
+    for bit -- here a depthwise conv with a clip (two floats between the ints), the record
+    reused for another input -- and return its return value; without csrc/py/addr.c's binder,
+    ctypes. (The conv plans' own bound calls are checked by every conv test above.)"""
+    if binding == "ctypes fallback":
+        monkeypatch.setattr(native, "_bind", None)
+    x = nonzero_normal(rng, (1, 8, 9, 11))
+    wd = nonzero_normal(rng, (8, 9))
+    bd = nonzero_normal(rng, (8,))
+    lo, hi = -float(rng.uniform(0.1, 1)), float(rng.uniform(0.1, 1))
+    args = (None, 8, 9, 11, native.ptr(wd), native.ptr(bd), 3, 3, 1, 1, 1, 1, 1, 1,
+            native.ACTS["clip"], lo, hi, None, 9, 11, 0, 8)
+    want, got = np.empty((1, 8, 9, 11), np.float32), np.full((1, 8, 9, 11), np.nan, np.float32)
+    a = list(args)
+    a[0], a[17] = native.ptr(x), native.ptr(want)
+    assert native.LIB.npr_dwconv2d(*a) == 0
+    call = native.bound(native.LIB.npr_dwconv2d, args, 0, 17)
+    assert call(x, got) == 0
+    np.testing.assert_array_equal(got, want)
+    assert got.min() == np.float32(lo) and got.max() == np.float32(hi)  # the clip's floats arrived
+    x2 = nonzero_normal(rng, (1, 8, 9, 11))  # the same record, another input
+    call(x2, got)
+    a[0] = native.ptr(x2)
+    native.LIB.npr_dwconv2d(*a)
+    np.testing.assert_array_equal(got, want)

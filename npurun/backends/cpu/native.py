@@ -8,6 +8,7 @@ the backend falls back to its NumPy kernels (`npurun info` shows the reason).
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.machinery
 import os
 import threading
@@ -190,6 +191,39 @@ try:
 except ImportError:  # pragma: no cover -- setup.py builds it on every platform
     def ptr(a: np.ndarray | None) -> int:
         return 0 if a is None else a.ctypes.data
+
+
+try:  # bound calls (csrc/py/addr.c): x86-64 System V only, else None
+    from ._addr import bind as _bind, call as _call
+except ImportError:
+    _bind = _call = None
+
+
+def bound(fn, args: tuple, x_at: int, y_at: int):
+    """call(x, y) -> fn's return value: `fn(*args)` with args[x_at] and args[y_at] replaced by
+    the addresses of x and y (arrays, or None for NULL; y_at -1: no output slot). Every other
+    argument is converted once, here, by fn's declared types (a conv kernel's 22 arguments
+    through ctypes: ~2.5 us a call; bound: ~0.3). The caller keeps alive every array whose
+    address is in `args`. Where csrc/py/addr.c's bound calls are not built, a ctypes call."""
+    types = fn.argtypes
+    if _bind is None or len(types) != len(args) or ctypes.c_double in types:
+        def call(x, y, _fn=fn, _args=list(args)):
+            a = _args.copy()
+            a[x_at] = ptr(x)
+            if y_at >= 0:
+                a[y_at] = ptr(y)
+            return _fn(*a)
+        return call
+    ints, floats, at = [], [], {}
+    for k, (t, v) in enumerate(zip(types, args)):
+        if t is ctypes.c_float:
+            floats.append(float(v))
+        else:
+            at[k] = len(ints)
+            ints.append(0 if v is None or k in (x_at, y_at) else int(v))
+    rec = _bind(ctypes.cast(fn, ctypes.c_void_p).value, tuple(ints), tuple(floats), at[x_at],
+                at[y_at] if y_at >= 0 else -1)
+    return functools.partial(_call, rec)
 
 
 TRANSPOSE_MIN = 1 << 14  # elements: a smaller view is NumPy's to copy (a ctypes call costs what it saves)

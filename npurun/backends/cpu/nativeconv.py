@@ -176,8 +176,8 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         lanes = (algo == "dw_lanes" or algo is None and dw_lanes_chosen(c, wo, sw, isa or native.ISA)) \
             and min(begin) >= 0
         kind = 1 if lanes else 2 if (isa or native.ISA) == "avx512" else 0
-        return _plan(cache, key, act_attrs, attrs, x, lambda x: _depthwise(
-            x, empty(yshape), w, b, geo, epi, threads, cache, kind, flops))
+        return _plan(cache, key, act_attrs, attrs, x, _depthwise_plan(
+            x.shape, yshape, w, b, geo, epi, threads, cache, kind, flops))
     if algo is None and min(*begin, *end) >= 0 and batch_gemm_chosen(n, c, m, group, geo, ho, wo):
         return _plan(cache, key, act_attrs, attrs, x, lambda x: _gemm(
             x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops))
@@ -241,16 +241,51 @@ def _plan(cache, key, act_attrs, attrs, x, run):
     return run(x)
 
 
+def _depthwise_plan(xshape, yshape, w, b, geo, epi, threads, cache, kind, flops):
+    """run(x) -> y for one image: its calls bound once (native.bound: the arguments converted
+    here, not on every run); a batch, or pieces on a contended device, through _depthwise."""
+    def general(x):
+        return _depthwise(x, empty(yshape), w, b, geo, epi, threads, cache, kind, flops)
+    n, c, h, wd = xshape
+    if n > 1:
+        return general
+    ho, wo = yshape[2:]
+    _depthwise_weights(w, b, geo, cache)
+    wdw, bdw = cache["dw"]
+    bands = _bands(c, threads, DW_FLOP_COST * flops)
+    pre = (None, c, h, wd, ptr(wdw), ptr(bdw), *geo, *epi, None, ho, wo)
+    if threads > 1 and len(bands) > 1:
+        calls = [native.bound(LIB.npr_dwconv2d_mt, (*pre, threads, len(bands), kind, 0, c), 0, 17)]
+    else:
+        kernel = (LIB.npr_dwconv2d, LIB.npr_dwconv2d_cl, LIB.npr_dwconv2d_avx512)[kind]
+        calls = [native.bound(kernel, (*pre, c0, c1), 0, 17) for c0, c1 in bands]
+
+    def run(x):
+        if pieces.wanted():
+            return general(x)
+        y = empty(yshape)
+        for call in calls:
+            _check(call(x, y))
+        return y
+    run.weights = (wdw, bdw)  # kept alive with the plan (the calls hold their addresses)
+    return run
+
+
+def _depthwise_weights(w, b, geo, cache):
+    """The weights as the kernels take them, (C, kh*kw) and a bias, kept in the node's cache."""
+    if "dw" not in cache:
+        c, (kh, kw) = w.shape[0], geo[:2]
+        cache["dw"] = (np.ascontiguousarray(w.reshape(c, kh * kw)),
+                       np.ascontiguousarray(b, np.float32) if b is not None else np.zeros(c, np.float32))
+
+
 def _depthwise(x, y, w, b, geo, epi, threads, cache, kind, flops):
     """Bands of channels on the threads, pieces of channels on a contended device. kind: 0 the
     per-channel kernel (AVX2), 1 channels in the lanes (dwconv_cl.c), 2 per-channel in AVX-512
     (the same bits as 0, 16 columns a vector)."""
     n, c, h, wd = x.shape
     ho, wo = y.shape[2:]
-    kh, kw = geo[:2]
-    if "dw" not in cache:
-        cache["dw"] = (np.ascontiguousarray(w.reshape(c, kh * kw)),
-                       np.ascontiguousarray(b, np.float32) if b is not None else np.zeros(c, np.float32))
+    _depthwise_weights(w, b, geo, cache)
     wdw, bdw = cache["dw"]
     if n > 1:
         # A batch is one image of n*c channels, the weights repeated per image (each channel's
@@ -593,8 +628,14 @@ def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flo
         fn, post = getattr(LIB, f"npr_convg_{isa}"), (ho, wo)  # + pixels [p0, p1)
     xstep, ystep = 4 * c * h * wd, 4 * m * ho * wo  # bytes per image
 
+    whole = native.bound(fn, (None, *pre, None, *post, 0, ho * wo), 0, len(pre) + 1) \
+        if n == 1 else None
+
     def run(x):
         y = empty(yshape)
+        if whole is not None and (split_m or not pieces.wanted()):  # one image, one call
+            _check(whole(x, y))
+            return y
         xp, yp = ptr(x), ptr(y)
         # Pieces on a contended device: whole output rows through the threaded entry point (it
         # splits its parts at whole rows too), whole tiles of pixels on one thread (its one
