@@ -209,17 +209,27 @@ int npr_dwconv2d(const float *x, int C, int H, int W, const float *w, const floa
  * four output rows a block where the geometry is known (dw512_known). */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
+#define DW_STRIP_BYTES (32 << 10)  /* a channel's planes above this go a strip of rows at a time */
 /* dw_fill in AVX-512 for strides 1 and 2 (pads >= 0), for a buffer zeroed once per call: a
  * channel's input rows are copied to the same places as every other channel's, so the padding
  * around them stays zero and only the copies are redone (the general fill zeroed every row of
  * every channel: on 28x28 -> 14x14 stride-2 maps, the fill was most of the kernel). At stride
  * 2 each 32 input floats are split into even and odd columns by two permutes. */
-static void dw_fill512(float *pad, const float *xc, int H, int W, int Hp, int Wq, int sw, int pt, int pl)
+static void dw_fill512(float *pad, const float *xc, int H, int W, int r_lo, int r_hi, int Wq, int sw, int pt,
+                       int pl, int strip)
 {
+    /* padded rows [r_lo, r_hi) into the buffer's rows from 0; a padding row among them is
+     * zeroed here for a strip (its buffer rows held other rows before, of this channel or the
+     * last), else it is still zero from the call's memset */
+    if (strip)
+        for (int r = r_lo; r < r_hi; r++)
+            if (r < pt || r >= pt + H)
+                memset(pad + (size_t)(r - r_lo) * sw * Wq, 0, sizeof(float) * sw * Wq);
+    pad -= (ptrdiff_t)r_lo * sw * Wq;  /* (indexed by padded row below, from r_lo on) */
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 #define MASK(n) ((n) >= 16 ? (__mmask16)0xFFFF : (n) > 0 ? (__mmask16)((1u << (n)) - 1) : (__mmask16)0)
-    int r0 = pt, r1 = H + pt < Hp ? H + pt : Hp;  /* the padded rows that hold input rows */
+    int r0 = pt > r_lo ? pt : r_lo, r1 = H + pt < r_hi ? H + pt : r_hi;  /* the rows that hold input rows */
     if (sw == 1) {
         int n = W < Wq - pl ? W : Wq - pl;  /* input columns that land in the plane */
         int full = n / 16 * 16;
@@ -267,14 +277,15 @@ static void dw_fill512(float *pad, const float *xc, int H, int W, int Hp, int Wq
  * bias, so the sums are the one-row kernel's bit for bit. Always inlined with kh, kw, sh, sw and
  * RB constants, so the loops unroll, the weights stay in registers and the offsets fold. */
 static inline __attribute__((always_inline)) void dw512_rows(
-    const float *pad, const __m512 *wv, __m512 b0, float *yc, int ra, int rb, int Wo, long Wq,
+    const float *pad, const __m512 *wv, __m512 b0, float *yc, int ra, int rb, int row0, int Wo, long Wq,
     const int kh, const int kw, const int sh, const int sw, int act, __m512 al, __m512 be, const int RB)
 {
+    /* (row0: the padded row in the buffer's first row) */
     const int nv = (Wo + 15) / 16;
     const __mmask16 tail = Wo % 16 ? (__mmask16)((1u << (Wo % 16)) - 1) : (__mmask16)0xFFFF;
     const long rs = (long)sw * Wq;  /* one padded input row: its sw phase planes */
     for (int r0 = ra; r0 < rb; r0 += RB) {
-        const float *base = pad + (size_t)r0 * sh * rs;
+        const float *base = pad + (size_t)(r0 * sh - row0) * rs;
         for (int v = 0; v < nv; v++) {
             __m512 acc[4];
 #pragma GCC unroll 4
@@ -303,14 +314,35 @@ static inline __attribute__((always_inline)) void dw512_rows(
  * ReLU6, against one row at a time: 96 x 56x56 0.82, 288 x 14x14 0.80, 480 x 7x7 1.10; stride 2
  * (with dw_fill512) 0.51-0.78; 5x5 0.31-0.60, 7x7 0.26 (C harness, outputs bit-identical). */
 static inline __attribute__((always_inline)) void dw512_known(
-    const float *pad, const float *wc, __m512 b0, float *yc, int Ho, int Wo, long Wq,
+    const float *pad, const float *wc, __m512 b0, float *yc, int ra, int rb, int row0, int Wo, long Wq,
     const int kh, const int kw, const int sh, const int sw, int act, __m512 al, __m512 be)
 {
     __m512 wv[49];
     for (int t = 0; t < kh * kw; t++) wv[t] = _mm512_set1_ps(wc[t]);
-    int blocked = Ho / 4 * 4;
-    dw512_rows(pad, wv, b0, yc, 0, blocked, Wo, Wq, kh, kw, sh, sw, act, al, be, 4);
-    dw512_rows(pad, wv, b0, yc, blocked, Ho, Wo, Wq, kh, kw, sh, sw, act, al, be, 1);
+    int blocked = ra + (rb - ra) / 4 * 4;
+    dw512_rows(pad, wv, b0, yc, ra, blocked, row0, Wo, Wq, kh, kw, sh, sw, act, al, be, 4);
+    dw512_rows(pad, wv, b0, yc, blocked, rb, row0, Wo, Wq, kh, kw, sh, sw, act, al, be, 1);
+}
+
+/* Output rows [ra, rb) of a known geometry (0: not one of them). */
+static int dw512_dispatch(const float *pad, const float *wc, __m512 b0, float *yc, int ra, int rb, int row0,
+                          int Wo, long Wq, int kh, int kw, int sh, int sw, int dh, int dw, int act,
+                          __m512 al, __m512 be)
+{
+    int d1 = dh == 1 && dw == 1;
+    if (d1 && kh == 3 && kw == 3 && sh == 1 && sw == 1)
+        dw512_known(pad, wc, b0, yc, ra, rb, row0, Wo, Wq, 3, 3, 1, 1, act, al, be);
+    else if (d1 && kh == 3 && kw == 3 && sh == 2 && sw == 2)
+        dw512_known(pad, wc, b0, yc, ra, rb, row0, Wo, Wq, 3, 3, 2, 2, act, al, be);
+    else if (d1 && kh == 5 && kw == 5 && sh == 1 && sw == 1)
+        dw512_known(pad, wc, b0, yc, ra, rb, row0, Wo, Wq, 5, 5, 1, 1, act, al, be);
+    else if (d1 && kh == 5 && kw == 5 && sh == 2 && sw == 2)
+        dw512_known(pad, wc, b0, yc, ra, rb, row0, Wo, Wq, 5, 5, 2, 2, act, al, be);
+    else if (d1 && kh == 7 && kw == 7 && sh == 1 && sw == 1)
+        dw512_known(pad, wc, b0, yc, ra, rb, row0, Wo, Wq, 7, 7, 1, 1, act, al, be);
+    else
+        return 0;
+    return 1;
 }
 
 /* One channel's output plane from its phase planes, any geometry (dilation, other kernel
@@ -339,12 +371,20 @@ int npr_dwconv2d_avx512(const float *x, int C, int H, int W, const float *w, con
 {
     int Hp = (Ho - 1) * sh + (kh - 1) * dh + 1;
     int Wq = Wo + ((kw - 1) * dw) / sw + 1 + 16;  /* (+16: a row's last vector reads whole) */
-    size_t plane_rows = (size_t)Hp * sw;
-    float *pad = aligned_alloc(64, sizeof(float) * ((plane_rows * Wq + 15) & ~(size_t)15));
-    if (!pad) return -1;
-    /* strides 1 and 2 with pads >= 0: the padding zeroed here once, for every channel */
+    size_t row_floats = (size_t)sw * Wq;  /* one padded row: its sw phase planes */
+    /* strides 1 and 2 with pads >= 0: the padding zeroed once per call, for every channel */
     int zeroed = (sw == 1 || sw == 2) && pl >= 0 && pt >= 0;
-    if (zeroed) memset(pad, 0, sizeof(float) * plane_rows * Wq);
+    int d1 = dh == 1 && dw == 1, known = d1 && (kh == 3 || kh == 5 || kh == 7) && kw == kh && sh == sw
+                                             && sw <= (kh == 7 ? 1 : 2);
+    /* A channel's planes bigger than L1 are made and used a strip of output rows at a time
+     * (16 at stride 1, 8 at stride 2), so its rows are read from L1, not L2, right after they
+     * are written; the rows two strips share are copied twice (kh - sh of (SR-1)*sh + kh). */
+    int SR = sh == 1 ? 16 : 8, strip_rows = (SR - 1) * sh + kh;
+    int strips = zeroed && known && (size_t)Hp * row_floats * sizeof(float) > DW_STRIP_BYTES && Ho > SR;
+    size_t rows = strips ? (size_t)strip_rows : (size_t)Hp;
+    float *pad = aligned_alloc(64, sizeof(float) * ((rows * row_floats + 15) & ~(size_t)15));
+    if (!pad) return -1;
+    if (zeroed) memset(pad, 0, sizeof(float) * rows * row_floats);
     long *off = malloc(sizeof(long) * kh * kw);  /* tap t's offset in the planes */
     if (!off) { free(pad); return -1; }
     for (int ky = 0; ky < kh; ky++)
@@ -355,26 +395,23 @@ int npr_dwconv2d_avx512(const float *x, int C, int H, int W, const float *w, con
     __m512 al = _mm512_set1_ps(alpha), be = _mm512_set1_ps(beta);
     for (int c = c0; c < c1; c++) {
         const float *xc = x + (long)c * H * W, *wc = w + (long)c * kh * kw;
-        if (zeroed)
-            dw_fill512(pad, xc, H, W, Hp, Wq, sw, pt, pl);
-        else
-            dw_fill(pad, xc, H, W, Hp, Wq, sw, pt, pl);
         __m512 b0 = _mm512_set1_ps(bias ? bias[c] : 0.0f);
         float *yc = y + (long)c * Ho * Wo;
+        if (strips) {
+            for (int r0 = 0; r0 < Ho; r0 += SR) {
+                int r1 = r0 + SR < Ho ? r0 + SR : Ho, a = r0 * sh, b = (r1 - 1) * sh + kh;
+                dw_fill512(pad, xc, H, W, a, b, Wq, sw, pt, pl, 1);
+                dw512_dispatch(pad, wc, b0, yc, r0, r1, a, Wo, Wq, kh, kw, sh, sw, dh, dw, act, al, be);
+            }
+            continue;
+        }
+        if (zeroed)
+            dw_fill512(pad, xc, H, W, 0, Hp, Wq, sw, pt, pl, 0);
+        else
+            dw_fill(pad, xc, H, W, Hp, Wq, sw, pt, pl);
         /* the common geometries with their taps known to the compiler, any other through the
          * one-row kernel with the taps' offsets at run time */
-        int d1 = dh == 1 && dw == 1;
-        if (d1 && kh == 3 && kw == 3 && sh == 1 && sw == 1)
-            dw512_known(pad, wc, b0, yc, Ho, Wo, Wq, 3, 3, 1, 1, act, al, be);
-        else if (d1 && kh == 3 && kw == 3 && sh == 2 && sw == 2)
-            dw512_known(pad, wc, b0, yc, Ho, Wo, Wq, 3, 3, 2, 2, act, al, be);
-        else if (d1 && kh == 5 && kw == 5 && sh == 1 && sw == 1)
-            dw512_known(pad, wc, b0, yc, Ho, Wo, Wq, 5, 5, 1, 1, act, al, be);
-        else if (d1 && kh == 5 && kw == 5 && sh == 2 && sw == 2)
-            dw512_known(pad, wc, b0, yc, Ho, Wo, Wq, 5, 5, 2, 2, act, al, be);
-        else if (d1 && kh == 7 && kw == 7 && sh == 1 && sw == 1)
-            dw512_known(pad, wc, b0, yc, Ho, Wo, Wq, 7, 7, 1, 1, act, al, be);
-        else
+        if (!dw512_dispatch(pad, wc, b0, yc, 0, Ho, 0, Wo, Wq, kh, kw, sh, sw, dh, dw, act, al, be))
             dw512_plane(pad, wc, b0, yc, Ho, Wo, Wq, off, kh, kw, sh, sw, act, al, be);
     }
     free(off);

@@ -114,6 +114,27 @@ def test_depthwise_with_channels_in_lanes_matches_reference(case, threads, rng, 
 
 
 @pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
+@pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
+@pytest.mark.parametrize("k,s", [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)])
+def test_depthwise_avx512_strips_are_the_avx2_kernel_bit_for_bit(k, s, rng):
+    """Maps whose padded planes pass csrc/conv.c's DW_STRIP_BYTES go a strip of output rows at
+    a time (rows shared by two strips copied again, padding rows zeroed per strip): the same
+    bits as the AVX2 kernel, the reference's values; row counts off the strip and the 4-row
+    block, asymmetric pads, odd widths."""
+    for _ in range(3):
+        c = int(rng.integers(1, 5))
+        xs = (1, c, int(rng.integers(60, 131)), int(rng.integers(70, 151)))
+        a = {"group": c, "strides": [s, s],
+             "pads": [int(rng.integers(0, k)), int(rng.integers(0, k)), int(rng.integers(0, k)), int(rng.integers(0, k))]}
+        x = nonzero_normal(rng, xs)
+        w = nonzero_normal(rng, (c, 1, k, k)) * 0.3
+        b = nonzero_normal(rng, (c,))
+        got = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, 1, {}, "avx512", "direct")
+        want = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, 1, {}, "avx2", "direct")
+        np.testing.assert_array_equal(got, want, err_msg=f"{xs} k={k} {a}")
+        close(got, KERNELS["conv"](x, w, b, **_attrs(a)), "relu")
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_depthwise_avx512_is_the_avx2_kernel_bit_for_bit(threads, rng):
     """conv.c's per-channel depthwise kernel in AVX-512 (16 columns a vector, a masked last one;
