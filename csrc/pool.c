@@ -30,6 +30,28 @@ static void out_row(const float *restrict xp, float *restrict out, float *restri
                     const long *lim, int i, int h, int w, int wo, int kh, int kw, int sh, int sw, int pt,
                     int pl, int strict)
 {
+    if (!strict) {
+        /* the usual windows (2 or 3 rows inside the image): their rows' max in one pass, one
+         * store of tmp and one of seen per column instead of one per row (the rows pass was
+         * store-bound: 0.32 ms on a ResNet stem's (1, 64, 112, 112) pool) */
+        const float *restrict r[3];
+        int nr = 0;
+        for (int ky = 0; ky < kh && nr <= 3; ky++) {
+            const int row = i * sh - pt + ky;
+            if (row >= 0 && row < h) {
+                if (nr < 3) r[nr] = xp + (long)row * w;
+                nr++;
+            }
+        }
+        if (nr == 2 || nr == 3) {
+            const float *restrict a = r[0], *restrict b = r[1], *restrict c3 = nr == 3 ? r[2] : r[1];
+            for (int c = 0; c < w; c++) {
+                tmp[c] = fastmax(fastmax(a[c], b[c]), c3[c]);
+                seen[c] += a[c] * 0.0f + b[c] * 0.0f + c3[c] * 0.0f;
+            }
+            goto cols;
+        }
+    }
     int first = 1;
     for (int ky = 0; ky < kh; ky++) {
         const int r = i * sh - pt + ky;
@@ -51,6 +73,28 @@ static void out_row(const float *restrict xp, float *restrict out, float *restri
     }
     if (first)  /* (a window of padding only: ceil_mode's last one can be) */
         for (int c = 0; c < w; c++) tmp[c] = -INFINITY;
+cols:
+    if (!strict && sw == 2 && kw == 3) {
+        /* the columns whose three taps are all inside the row in one pass (one store each,
+         * not one per tap); the others tap by tap as below */
+        long jl = lim[0], jh = lim[1];
+        for (int kx = 1; kx < 3; kx++) {
+            if (lim[2 * kx] > jl) jl = lim[2 * kx];
+            if (lim[2 * kx + 1] < jh) jh = lim[2 * kx + 1];
+        }
+        if (jl <= jh) {
+            const float *restrict t = tmp - pl;
+            for (long j = jl; j <= jh; j++)
+                out[j] = fastmax(fastmax(t[2 * j], t[2 * j + 1]), t[2 * j + 2]);
+            for (long j = 0; j < wo; j++) {
+                if (j == jl) { j = jh; continue; }
+                out[j] = -INFINITY;
+                for (int kx = 0; kx < 3; kx++)
+                    if (j >= lim[2 * kx] && j <= lim[2 * kx + 1]) out[j] = fastmax(out[j], t[2 * j + kx]);
+            }
+            return;
+        }
+    }
     for (int j = 0; j < wo; j++) out[j] = -INFINITY;
     for (int kx = 0; kx < kw; kx++) {
         const long lo = lim[2 * kx], hi = lim[2 * kx + 1];

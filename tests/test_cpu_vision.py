@@ -75,6 +75,8 @@ POOLS = [  # x shape, attrs
     ((2, 2, 33, 50), {"kernel_shape": [3, 3], "strides": [3, 3], "ceil_mode": 1}),
     ((1, 2, 5, 41), {"kernel_shape": [7, 7], "strides": [4, 4], "pads": [3, 3, 3, 3]}),  # window > image
     ((1, 17, 70, 70), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),  # big enough for two threads
+    ((1, 8, 28, 31), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # a ResNet stem's
+    ((1, 4, 23, 23), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),       # Caffe's (MTCNN)
 ]
 
 
