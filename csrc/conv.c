@@ -225,7 +225,6 @@ static void dw_fill512(float *pad, const float *xc, int H, int W, int r_lo, int 
         for (int r = r_lo; r < r_hi; r++)
             if (r < pt || r >= pt + H)
                 memset(pad + (size_t)(r - r_lo) * sw * Wq, 0, sizeof(float) * sw * Wq);
-    pad -= (ptrdiff_t)r_lo * sw * Wq;  /* (indexed by padded row below, from r_lo on) */
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 #define MASK(n) ((n) >= 16 ? (__mmask16)0xFFFF : (n) > 0 ? (__mmask16)((1u << (n)) - 1) : (__mmask16)0)
@@ -235,7 +234,7 @@ static void dw_fill512(float *pad, const float *xc, int H, int W, int r_lo, int 
         int full = n / 16 * 16;
         __mmask16 m = MASK(n - full);
         for (int r = r0; r < r1; r++) {
-            float *d = pad + (size_t)r * Wq + pl;
+            float *d = pad + (size_t)(r - r_lo) * Wq + pl;
             const float *src = xc + (long)(r - pt) * W;
             for (int j = 0; j < full; j += 16) _mm512_storeu_ps(d + j, _mm512_loadu_ps(src + j));
             if (m) _mm512_mask_storeu_ps(d + full, m, _mm512_maskz_loadu_ps(m, src + full));
@@ -249,7 +248,7 @@ static void dw_fill512(float *pad, const float *xc, int H, int W, int r_lo, int 
     int full = W / 32 * 16;  /* even (odd) columns of the whole 32-float blocks */
     if (full > no) full = no / 16 * 16;
     for (int r = r0; r < r1; r++) {
-        float *row = pad + (size_t)r * 2 * Wq;
+        float *row = pad + (size_t)(r - r_lo) * 2 * Wq;
         float *de = row + (pl & 1) * Wq + pl / 2, *dd = row + (1 - (pl & 1)) * Wq + (pl + 1) / 2;
         const float *src = xc + (long)(r - pt) * W;
         int m = 0;
