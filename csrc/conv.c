@@ -323,7 +323,8 @@ static inline __attribute__((always_inline)) void dw512_known(
     dw512_rows(pad, wv, b0, yc, blocked, rb, row0, Wo, Wq, kh, kw, sh, sw, act, al, be, 1);
 }
 
-/* Output rows [ra, rb) of a known geometry (0: not one of them). */
+/* Output rows [ra, rb) of a known geometry (0: not one of them; npr_dwconv2d_avx512's `known`
+ * lists the same geometries, for its choice of strips). */
 static int dw512_dispatch(const float *pad, const float *wc, __m512 b0, float *yc, int ra, int rb, int row0,
                           int Wo, long Wq, int kh, int kw, int sh, int sw, int dh, int dw, int act,
                           __m512 al, __m512 be)

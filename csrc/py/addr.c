@@ -12,18 +12,25 @@
 #include <Python.h>
 #include <string.h>
 
-static PyObject *addr(PyObject *self, PyObject *o) {
-    (void)self;
-    if (o == Py_None)
-        return PyLong_FromLong(0);
+/* *out = the address of o's first element (0 for None); -1 with the error set if o has no buffer. */
+static int address(PyObject *o, void **out) {
+    if (o == Py_None) { *out = NULL; return 0; }
     Py_buffer view;
     /* strides allowed: the caller decides whether the layout suits its kernel, as with
      * a.ctypes.data; no format string asked for (numpy would build one) */
     if (PyObject_GetBuffer(o, &view, PyBUF_STRIDED_RO) < 0)
-        return NULL;
-    PyObject *r = PyLong_FromVoidPtr(view.buf);
+        return -1;
+    *out = view.buf;
     PyBuffer_Release(&view);
-    return r;
+    return 0;
+}
+
+static PyObject *addr(PyObject *self, PyObject *o) {
+    (void)self;
+    void *a;
+    if (address(o, &a) < 0)
+        return NULL;
+    return PyLong_FromVoidPtr(a);
 }
 
 /* Bound calls. A ctypes call converts each argument through its declared type: ~2.5 us for a
@@ -34,8 +41,8 @@ static PyObject *addr(PyObject *self, PyObject *o) {
  * the stack in their order, float ones the vector registers in theirs, each class on its own,
  * so the callee's ints and floats in any interleaving are these in order (an int read from a
  * 64-bit slot is its low half); unused ones are ignored (the caller pops the stack). Kernels
- * have at most 8 floats (none on the stack) and no doubles. Elsewhere bind() raises and
- * native.bound keeps ctypes. */
+ * have at most 8 floats (none on the stack) and no doubles. Elsewhere the module has no bind
+ * and native.bound keeps ctypes. */
 #define NI 32
 #define NF 8
 typedef struct { void *fn; int xi, yi; long i[NI]; float f[NF]; } bound_t;
@@ -68,16 +75,6 @@ static PyObject *bind(PyObject *self, PyObject *args) {
     return PyBytes_FromStringAndSize((const char *)&b, sizeof b);
 }
 
-static int address(PyObject *o, long *out) {
-    if (o == Py_None) { *out = 0; return 0; }
-    Py_buffer view;
-    if (PyObject_GetBuffer(o, &view, PyBUF_STRIDED_RO) < 0)
-        return -1;
-    *out = (long)view.buf;
-    PyBuffer_Release(&view);
-    return 0;
-}
-
 /* call(record, x, y) -> the kernel's return value: x's and y's addresses put in their slots;
  * the GIL let go during the call, as ctypes does. */
 static PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -88,8 +85,11 @@ static PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     bound_t b;
     memcpy(&b, PyBytes_AS_STRING(args[0]), sizeof b);
-    if ((b.xi >= 0 && address(args[1], &b.i[b.xi]) < 0) || (b.yi >= 0 && address(args[2], &b.i[b.yi]) < 0))
+    void *x, *y;
+    if ((b.xi >= 0 && address(args[1], &x) < 0) || (b.yi >= 0 && address(args[2], &y) < 0))
         return NULL;
+    if (b.xi >= 0) b.i[b.xi] = (long)x;
+    if (b.yi >= 0) b.i[b.yi] = (long)y;
     long *i = b.i;
     float *f = b.f;
     int rc;

@@ -13,7 +13,6 @@ checked against the reference kernel in tests/test_cpu_*.py.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from .. import register
@@ -29,14 +28,14 @@ from .ops.conv1d import CHEAP_IN_C
 
 ACTIVATIONS = native.ACTIVATIONS
 BIG = 1 << 14  # elements; a smaller activation is not worth a second thread (C pool: ~1-5 us a hand-off)
-
-# Kernels allocate their outputs every run: freed pages are kept for the next one (native.py says why).
-native.keep_freed_pages()
 SMALL = 4096  # elements; a smaller activation runs its NumPy reference kernel
 # bytes; a smaller weight keeps its float32 array beside its packs: a product by it may be
 # small enough for NumPy's dot (fused.SMALL_FLOP: 2 * rows * K * N below it; ~3 us against the
 # packed call's ~17), which reads the array. From this size on, even one row is not.
 RELEASE_MIN = 2 * fused_ops.SMALL_FLOP
+
+# Kernels allocate their outputs every run: freed pages are kept for the next one (native.py says why).
+native.keep_freed_pages()
 
 
 class CpuProgram(Program):

@@ -292,7 +292,7 @@ def untranspose(x: np.ndarray, threads: int = 1) -> np.ndarray:
     batch, rows, cols = plan
     y = np.empty(x.shape, np.float32)
     tiles = batch * -(-rows // 64) * -(-cols // 64)
-    LIB.npr_transpose_mt(x.ctypes.data, ptr(y), batch, rows, cols, rows * cols, cols, threads,
+    LIB.npr_transpose_mt(ptr(x), ptr(y), batch, rows, cols, rows * cols, cols, threads,
                          max(1, min(threads, tiles)))
     return y
 
