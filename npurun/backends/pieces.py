@@ -101,7 +101,9 @@ def split(total: int, seconds: float, unit: int = 1, cal: dict | None = None) ->
     whole (scaled by what `cal` measured so far); edges at multiples of `unit` (a Winograd
     tile row, a block of channels)."""
     scale = cal.get(SCALE, 1.0) if cal is not None else 1.0
-    k = max(1, min(-(-total // unit), int(seconds * scale / PIECE_S + 1e-6)))
+    # (rounded up: pieces of at most PIECE_S; rounded down they reached 2 x PIECE_S, and a
+    # better task's wait is up to one piece)
+    k = max(1, min(-(-total // unit), math.ceil(seconds * scale / PIECE_S - 1e-6)))
     edges = sorted({min(total, round(total * j / k / unit) * unit) for j in range(k)} | {total})
     edges = [0] + [e for e in edges if e > 0]
     out = Cut((a, b) for a, b in zip(edges, edges[1:]) if b > a)

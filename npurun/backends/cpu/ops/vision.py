@@ -181,8 +181,10 @@ def _resize(x, roi=None, scales=None, sizes=None, threads=1, **a):
     # Pieces on a contended device (backends/pieces.py): channel ranges, each the same gather
     # (copies: bit-identical); an FPN's nearest x2 of (1, 96, 160, 160) is a 10 MB write.
     y = np.empty((n, c, len(idx)), x.dtype)
+    # (mode="clip": with the default "raise" np.take writes `out` through a temporary, a second
+    # copy of the piece; the indices are in range, so clipping changes nothing)
     for c0, c1 in pieces.each(pieces.split(c, n * c * len(idx) * RESIZE_S_PER_ELEMENT, cal=_RESIZE_CAL)):
-        np.take(x3[:, c0:c1], idx, axis=2, out=y[:, c0:c1])
+        np.take(x3[:, c0:c1], idx, axis=2, out=y[:, c0:c1], mode="clip")
     return y.reshape(n, c, *out)
 
 
