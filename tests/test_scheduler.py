@@ -583,3 +583,44 @@ def test_a_finished_tasks_outputs_are_freed_without_the_cyclic_collector(inline)
     finally:
         if was:
             gc.enable()
+
+
+@pytest.mark.parametrize("progress", [True, False], ids=["by-progress", "by-device-time"])
+def test_equal_priorities_share_by_progress_when_sharing_slows_one(progress):
+    """Fair share among equals (runtime/fairshare.py): two programs take 4 s a run alone, and
+    beside each other one of them runs at half speed (its caches refilled at every switch).
+    Charged its solo-equivalent time, it gets twice the device time and both make the same
+    progress (nodes per second of the shared run); charged device time, it makes half."""
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=1.0, aging=1000, clock=clock, fair_progress=progress)
+    a, b = Chain("a", 4, log, clock), Chain("b", 4, log, clock)
+    s.submit(a.program, X, priority=2).result(timeout=10)  # each alone once: 4 s
+    s.submit(b.program, X, priority=2).result(timeout=10)
+    a.dt = 2.0  # beside b, a's nodes take twice as long
+    del log[:]
+    futs, lock = [], threading.Lock()
+
+    def again(chain):
+        def resubmit(_f):
+            with lock:
+                if len(log) < 120:
+                    futs.append(s.submit(chain.program, X, priority=2))
+                    futs[-1].add_done_callback(resubmit)
+        return resubmit
+    s.pause()
+    for c in (a, b):
+        futs.append(s.submit(c.program, X, priority=2))
+        futs[-1].add_done_callback(again(c))
+    s.resume()
+    while True:
+        with lock:
+            pending = [f for f in futs if not f.done()]
+        if not pending:
+            break
+        pending[0].result(timeout=10)
+    tail = names(log[40:120])  # after each has finished a shared run (its pace is known)
+    ratio = tail.count("a") / tail.count("b")
+    if progress:
+        assert 0.8 <= ratio <= 1.25, tail
+    else:
+        assert 0.4 <= ratio <= 0.62, tail

@@ -54,6 +54,7 @@ from concurrent.futures import Future, InvalidStateError
 from ..backends import pieces
 from ..errors import NpurunError
 from .admission import Admission
+from .fairshare import Pace
 
 PRIORITIES = (0, 1, 2, 3)
 DEFAULT_PRIORITY = 2
@@ -226,7 +227,8 @@ class Scheduler:
     one task at a time."""
 
     def __init__(self, units: int, quantum: float = 0.010, aging: float = 0.200,
-                 clock=time.monotonic, name: str = "device", width: int = 1, admission: bool = True):
+                 clock=time.monotonic, name: str = "device", width: int = 1, admission: bool = True,
+                 fair_progress: bool = True):
         if not isinstance(units, int) or units < 1:
             raise NpurunError(f"a device needs at least one compute unit, got {units!r}")
         if quantum <= 0 or aging <= 0:
@@ -252,6 +254,8 @@ class Scheduler:
         self._seq = itertools.count()
         self._waiting: list[Task] = []
         self._vtime: dict[str, float] = {}  # device seconds served per group (fair share)
+        # What a device second is worth per program (runtime/fairshare.py); None: device time
+        self.pace = Pace() if fair_progress else None
         self._running: dict[int, Task] = {}  # lane -> task
         self._rest_until = [0.0] * self.lanes  # duty cycling: lane may take work from then on
         self._paused = False
@@ -532,7 +536,7 @@ class Scheduler:
         if waiting and self._owed(task, now, waiting):
             return "quantum"
         if now - task.slice_start >= self.quantum:
-            mine = self._vtime[task.group] + (now - task.slice_start)
+            mine = self._vtime[task.group] + (now - task.slice_start) * self._rate(task)
             if self.duty < 1.0 or any(lv < task.level or (lv == task.level and (
                     lv < t.priority or self._vtime[t.group] <= mine)) for lv, t in waiting):
                 return "quantum"
@@ -544,15 +548,19 @@ class Scheduler:
         (as Linux's CFS preempts on wake-up). Without it a short task arriving beside a long
         one waited out the long one's quantum every time: ESPCN requests back to back beside
         PP-OCR det got 16-25% of their solo throughput at equal priority (Jain 0.71-0.82)."""
-        mine = self._vtime.get(task.group, 0.0) + (now - task.slice_start)
+        mine = self._vtime.get(task.group, 0.0) + (now - task.slice_start) * self._rate(task)
         return any(lv == task.level and not t.started and t.ready_since > task.slice_start
                    and self._vtime.get(t.group, 0.0) + WAKEUP_S < mine for lv, t in waiting)
+
+    def _rate(self, task: Task) -> float:
+        """Fair-share seconds per device second of `task`'s slices (runtime/fairshare.py)."""
+        return 1.0 if self.pace is None else self.pace.rate(task.program)
 
     def _release(self, task: Task, now: float):
         """Task leaves its unit (lock held)."""
         ran = now - task.slice_start
         task.run_time += ran
-        self._vtime[task.group] = self._vtime.get(task.group, 0.0) + ran
+        self._vtime[task.group] = self._vtime.get(task.group, 0.0) + ran * self._rate(task)
         self.lane_busy[task.lane] += ran
         if self.duty < 1.0:
             self._rest_until[task.lane] = now + ran * (1 - self.duty) / self.duty
@@ -780,6 +788,10 @@ class Scheduler:
             task.unsynced_macs = task.unsynced_steps = 0
             if task.lane is not None:
                 self._release(task, now)
+            if error is None and self.pace is not None:
+                # alone: one slice, and no other task live on the device since it was submitted
+                self.pace.observe(task.program, task.run_time,
+                                  task.slices == 1 and self._contended_until <= task.submitted_at)
             if task in self._waiting:
                 self._waiting.remove(task)
             task.state, task.finished_at = DONE, now
