@@ -26,3 +26,15 @@ void npr_par_place(void)
     for (int i = 0; i < npr_par.nw; i++) pthread_setaffinity_np(npr_par.th[i], sizeof set, &set);
     npr_par.placed_off = c;
 }
+
+/* Subnormal float32 values flushed to zero for the length of a run (native.py says why): the
+ * caller's MXCSR gets flush-to-zero (bit 15) and denormals-are-zero (bit 6); the previous value is
+ * returned for npr_fp_leave to restore. par.h's workers copy the caller's mode with each job. */
+unsigned npr_fp_enter(void)
+{
+    unsigned old = _mm_getcsr();
+    _mm_setcsr(old | 0x8040u);
+    return old;
+}
+
+void npr_fp_leave(unsigned old) { _mm_setcsr((_mm_getcsr() & 0x3Fu) | (old & ~0x3Fu)); }

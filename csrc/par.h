@@ -38,6 +38,7 @@ struct npr_par {
     void *ctx;
     int chunks, nw;
     pthread_t th[PAR_MAXW];
+    unsigned csr;                 /* the caller's MXCSR for this job (its rounding and subnormal modes) */
 };
 extern struct npr_par npr_par;
 
@@ -82,6 +83,11 @@ static inline void *par_worker(void *arg)
             }
         }
         seen = g;
+        /* a worker computes in the caller's floating-point mode (the cpu backend flushes
+         * subnormals to zero during a run, native.py), so a chunk's bits do not depend on
+         * which thread ran it; the status flags (bits 0-5) are left as they are */
+        unsigned mine = _mm_getcsr();
+        if ((mine ^ npr_par.csr) & ~0x3Fu) _mm_setcsr((mine & 0x3Fu) | (npr_par.csr & ~0x3Fu));
         par_claim(g);
     }
     return NULL;
@@ -110,6 +116,7 @@ static inline void par_run(par_fn fn, void *ctx, int chunks, int threads)
     npr_par.fn = fn;
     npr_par.ctx = ctx;
     npr_par.chunks = chunks;
+    npr_par.csr = _mm_getcsr();
     atomic_store(&npr_par.done, 0);
     atomic_store_explicit(&npr_par.ticket, (unsigned long long)g << 32, memory_order_release);
     if (atomic_load(&npr_par.asleep)) npr_par_place();

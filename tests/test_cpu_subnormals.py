@@ -1,58 +1,67 @@
-"""Subnormal float32 constants on the cpu backend (native.without_subnormals): zeroed, sign
-kept, when a program is built; kept with NPURUN_FLUSH_SUBNORMALS=0; the caller's graph untouched."""
+"""Subnormal float32 values on the cpu backend (native.flush_subnormals): a run computes with
+them flushed to zero, on the calling thread and on the kernels' workers alike; the caller's own
+floating-point mode is back after the run; NPURUN_FLUSH_SUBNORMALS=0 keeps them."""
 
 import numpy as np
 import pytest
 
 import npurun
-from npurun.backends.cpu import native
 from npurun.ir import parse
 
 from conftest import nonzero_normal
 
 TINY = np.finfo(np.float32).tiny
 
-
-def _with_subnormals(rng, shape, share=0.2):
-    a = nonzero_normal(rng, shape)
-    pick = rng.random(shape) < share
-    a[pick] = (rng.uniform(1e-44, 0.99, pick.sum()) * TINY * rng.choice([-1, 1], pick.sum())).astype(np.float32)
-    return a, pick
-
-
-def test_without_subnormals_zeroes_them_with_their_sign(rng, monkeypatch):
-    monkeypatch.setattr(native, "FLUSH_CHUNK", 7)  # chunks that split the array
-    a, pick = _with_subnormals(rng, (5, 13))
-    assert pick.any() and np.all(np.abs(a[pick]) < TINY) and np.all(a[pick] != 0)
-    got = native.without_subnormals(a)
-    assert np.all(got[pick] == 0) and np.array_equal(np.signbit(got[pick]), np.signbit(a[pick]))
-    np.testing.assert_array_equal(got[~pick], a[~pick])
-    assert np.all(np.abs(a[pick]) < TINY)  # the argument is not changed
-    normal = nonzero_normal(rng, (40,))
-    normal[3] = TINY  # the smallest normal number stays
-    normal[5] = 0.0
-    assert native.without_subnormals(normal) is None
-
-
 GRAPH = """
-op conv @c (x: [1, 16, 6, 6] f32, w: [8, 16, 3, 3] f32, b: [8] f32 -> y: [1, 8, 6, 6] f32) pads=[1, 1, 1, 1]
+op conv @c (x: [1, 16, 24, 24] f32, w: [32, 16, 3, 3] f32, b: [32] f32 -> y: [1, 32, 24, 24] f32) pads=[1, 1, 1, 1]
 """
 
 
-@pytest.mark.parametrize("flush", ["1", "0"])
-def test_a_program_flushes_its_subnormal_weights(flush, rng, monkeypatch):
-    """With subnormal weights a cpu program's outputs are the reference's, its own weights
-    flushed (or kept with NPURUN_FLUSH_SUBNORMALS=0), the caller's graph unchanged."""
-    monkeypatch.setenv("NPURUN_FLUSH_SUBNORMALS", flush)
+def _conv(rng, w):
     g = parse(GRAPH)
-    w, pick = _with_subnormals(rng, (8, 16, 3, 3))
     g.values["w"].data = w
-    g.values["b"].data = nonzero_normal(rng, (8,))
+    g.values["b"].data = np.zeros(32, np.float32)
     g.inputs = ["x"]
-    x = nonzero_normal(rng, (1, 16, 6, 6))
-    prog = npurun.Executor("cpu").compile(g)
-    want = npurun.Executor("reference").run_sync(g, {"x": x})["y"]
-    np.testing.assert_allclose(prog.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
-    held = prog.graph.values["w"].data
-    assert np.all((held[pick] == 0) == (flush == "1"))
-    assert np.all(g.values["w"].data[pick] != 0)  # the caller's graph keeps its weights
+    return g
+
+
+def _subnormal_in_numpy() -> bool:
+    """Whether this thread's NumPy still makes subnormal results (its mode is not flushing)."""
+    return bool(np.float32(TINY) * np.float32(0.25) != 0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_run_flushes_subnormal_products_on_every_thread(threads, rng, monkeypatch):
+    """Weights and inputs near 1e-20 make products near 1e-40, below float32's smallest normal:
+    flushed, every output is exactly 0 (on the workers' chunks too, which copy the caller's
+    mode); kept (NPURUN_FLUSH_SUBNORMALS=0), they are the reference's subnormal sums."""
+    w = (nonzero_normal(rng, (32, 16, 3, 3)) * 1e-20).astype(np.float32)
+    x = (nonzero_normal(rng, (1, 16, 24, 24)) * 1e-20).astype(np.float32)
+    want = npurun.Executor("reference").run_sync(_conv(rng, w), {"x": x})["y"]
+    assert np.count_nonzero(want) > want.size // 2  # the reference keeps them
+    assert _subnormal_in_numpy()
+    monkeypatch.setenv("NPURUN_FLUSH_SUBNORMALS", "1")
+    prog = npurun.Executor("cpu", parallelism=threads).compile(_conv(rng, w))
+    got = prog.run({"x": x})["y"]
+    assert not np.any(got), f"{np.count_nonzero(got)} subnormal outputs were not flushed"
+    assert _subnormal_in_numpy()  # the caller's mode is restored
+    monkeypatch.setenv("NPURUN_FLUSH_SUBNORMALS", "0")
+    kept = npurun.Executor("cpu", parallelism=threads).compile(_conv(rng, w)).run({"x": x})["y"]
+    np.testing.assert_allclose(kept, want, rtol=1e-4, atol=TINY * 1e-3)
+    assert np.count_nonzero(kept) > want.size // 2
+
+
+def test_flushing_leaves_normal_results_as_they_are(rng, monkeypatch):
+    """Subnormal weights (a fifth of them) count as zeros: the outputs are the reference's with
+    those weights zeroed, and the caller's graph keeps its weights."""
+    w = nonzero_normal(rng, (32, 16, 3, 3))
+    pick = rng.random(w.shape) < 0.2
+    w[pick] = (rng.uniform(1e-44, 0.99, pick.sum()) * TINY).astype(np.float32)
+    x = nonzero_normal(rng, (1, 16, 24, 24))
+    monkeypatch.setenv("NPURUN_FLUSH_SUBNORMALS", "1")
+    g = _conv(rng, w)
+    got = npurun.Executor("cpu").compile(g).run({"x": x})["y"]
+    zeroed = np.where(pick, np.float32(0), w)
+    want = npurun.Executor("reference").run_sync(_conv(rng, zeroed), {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.all(g.values["w"].data[pick] != 0)

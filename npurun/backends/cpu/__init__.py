@@ -49,8 +49,7 @@ class CpuProgram(Program):
         self._packs: dict = {}  # weight (its Stored, or its array's id) -> packed copy, shared
         self._readers = readers(graph)  # (a region's captures count as its owner's reads)
         self._aliases: dict = {}  # Stored -> every name it goes by (Identity aliases share it)
-        if native.flush_subnormals():
-            self._flush_subnormals(graph)
+        self._flush = native.LIB is not None and native.flush_subnormals()
         plain: dict = {}  # weights the passes made (no file holds them): id -> (array, names)
         for nm, v in graph.values.items():
             if isinstance(v.stored, Stored):
@@ -79,21 +78,6 @@ class CpuProgram(Program):
         super().__init__(graph, kernels, backend.name)
         if self._released:
             util.trim_malloc()
-
-    @staticmethod
-    def _flush_subnormals(graph) -> None:
-        """Subnormal float32 constants become zeros of their sign (native.without_subnormals
-        says why; NPURUN_FLUSH_SUBNORMALS=0 keeps them): the constant's value is replaced by a
-        flushed copy in this program's graph (prepare's copy: the caller's graph keeps its own),
-        before any kernel packs it. One pass over the weights at compile time (BERT-base's
-        110 M: ~0.1 s)."""
-        for v in graph.values.values():
-            if v.is_const and v.dtype == "f32":
-                a = v.data
-                if isinstance(a, np.ndarray) and a.dtype == np.float32 and a.size:
-                    flushed = native.without_subnormals(a)
-                    if flushed is not None:
-                        v.stored = flushed
 
     def lower(self, node, fn):
         """A conv or a linear layer with constant weights gets a kernel of its own, whose
@@ -203,7 +187,15 @@ class CpuProgram(Program):
         # bidirectional LSTM's two directions at 2 threads: 10.1 ms with BLAS at 2, 6.4 at 1;
         # PP-OCRv4 det 0.85x, CvT-13 0.74x). Without them, NumPy's BLAS is the only threading.
         n = 1 if native.LIB is not None else self.threads
-        return blas.with_threads(n, lambda: super(CpuProgram, self).run(feeds, progress, attention))
+        if not self._flush:
+            return blas.with_threads(n, lambda: super(CpuProgram, self).run(feeds, progress, attention))
+        # subnormals flushed to zero for the run, on this thread and the kernels' workers
+        # (native.flush_subnormals says why); the caller's mode is back when it returns
+        old = native.LIB.npr_fp_enter()
+        try:
+            return blas.with_threads(n, lambda: super(CpuProgram, self).run(feeds, progress, attention))
+        finally:
+            native.LIB.npr_fp_leave(old)
 
 
 _NATIVE_ACTS: dict = {}  # (activation, params) -> native_activation's answer, shared (read-only)

@@ -64,6 +64,9 @@ def _signatures() -> dict:
         "npr_dwconv2d_cl": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
         "npr_dwconv2d_avx512": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
         "npr_activation": ([P, P, L, I, F, F], None),
+        # par.c: the floating-point mode of a run (flush_subnormals)
+        "npr_fp_enter": ([], ctypes.c_uint),
+        "npr_fp_leave": ([ctypes.c_uint], None),
         "npr_activation_mt": ([P, P, L, I, F, F, I, I], None),
         # chain.c: elementwise chains and per-channel ops
         "npr_affine_act": ([P, P, L, F, F, I, F, F, F, F], None),
@@ -226,35 +229,19 @@ def bound(fn, args: tuple, x_at: int, y_at: int):
     return functools.partial(_call, rec)
 
 
-FLUSH_CHUNK = 1 << 20  # elements scanned at a time (a temporary of 4 MB, not of the weight's size)
-
-
 def flush_subnormals() -> bool:
-    """Whether the cpu backend zeroes subnormal float32 constants (NPURUN_FLUSH_SUBNORMALS=0:
-    kept as they are)."""
+    """Whether cpu programs run with subnormal float32 values flushed to zero
+    (NPURUN_FLUSH_SUBNORMALS=0: they are not). Why flushed: an x86 core takes a microcode
+    assist of ~100 cycles for every operation with a subnormal operand or result (below 2^-126).
+    Trained weights have them (PP-OCRv4 rec: 31,350 of 2.7 M; its squeeze-excite 480->120 conv
+    on a 1x1 map took 545 us against 16 with random weights), and weights that are tiny but
+    normal make subnormal products (PP-OCRv5 det: 111 of a 192->384 conv's 384 filters dead at
+    ~1e-37, the 20x20 conv 5.4 ms against 0.3). A product below 2^-126 is under float32's last
+    bit of any sum it joins with a normal term. So during a run the calling thread's MXCSR has
+    flush-to-zero and denormals-are-zero set (par.c's npr_fp_enter; restored after, so the
+    caller's own NumPy keeps its semantics), and the kernels' workers copy that mode (par.h):
+    the hardware's own mechanism, for weights, activations and products alike."""
     return os.environ.get("NPURUN_FLUSH_SUBNORMALS", "1") != "0"
-
-
-def without_subnormals(a: np.ndarray) -> np.ndarray | None:
-    """A copy of float32 array `a` whose subnormal values (0 < |v| < 2^-126) are zeros of
-    their sign, or None where it has none. Why: an x86 core takes a microcode assist of ~100
-    cycles for each multiply with a subnormal operand, and trained weights have them (PP-OCRv4
-    rec: 31,350 of 2.7 M, its squeeze-excite 480->120 conv on a 1x1 map 16 us with random
-    weights, 520 us with its own); a product with one is below 2^-126 times the other factor,
-    under float32's last bit of any sum it joins but a sum of such products alone."""
-    bits = a.reshape(-1).view(np.uint32)
-    for i in range(0, bits.size, FLUSH_CHUNK):
-        c = bits[i:i + FLUSH_CHUNK] & np.uint32(0x7FFFFFFF)
-        if np.any((c != 0) & (c < np.uint32(0x00800000))):
-            break
-    else:
-        return None
-    out = np.array(a, copy=True)
-    ob = out.reshape(-1).view(np.uint32)
-    for i in range(0, ob.size, FLUSH_CHUNK):
-        c = ob[i:i + FLUSH_CHUNK]
-        c[(c & np.uint32(0x7FFFFFFF)) < np.uint32(0x00800000)] &= np.uint32(0x80000000)
-    return out
 
 
 TRANSPOSE_MIN = 1 << 14  # elements: a smaller view is NumPy's to copy (a ctypes call costs what it saves)
