@@ -35,16 +35,9 @@ static void gemm_chunk(void *ctx, int i)
         (j->isa512 ? npr_gemm_avx512 : npr_gemm_avx2)(j->a, j->bp, j->c, j->bias, j->res, j->M, j->K, j->N, p0, p1);
 }
 
-/* C = A @ B (+ bias) (+ R) over all `panels` panels of packed B, in `chunks` runs on `threads`. */
-void npr_gemm_mt(int isa512, const float *A, const float *Bp, float *C, const float *bias, const float *R,
-                 long M, long K, long N, long panels, int threads, int chunks)
-{
-    gemm_job j = {isa512, 0, A, Bp, NULL, bias, R, NULL, C, NULL, M, K, N, panels, 0, chunks, 0};
-    par_run(gemm_chunk, &j, chunks, threads);
-}
-
-/* Panels [p0, p1) only (a piece of a product: a conv's im2col GEMM between preemption points);
- * each panel is computed as in the whole call, so the pieces together are bit-identical to it. */
+/* C = A @ B (+ bias) (+ R) over panels [p0, p1) of packed B (columns of C), in `chunks` runs on
+ * `threads`: all of them (0, panels) or a piece of the product between preemption points; each
+ * panel is computed as in the whole call, so the pieces together are bit-identical to it. */
 void npr_gemm_range_mt(int isa512, const float *A, const float *Bp, float *C, const float *bias, const float *R,
                        long M, long K, long N, long p0, long p1, int threads, int chunks)
 {
@@ -52,12 +45,12 @@ void npr_gemm_range_mt(int isa512, const float *A, const float *Bp, float *C, co
     par_run(gemm_chunk, &j, chunks, threads);
 }
 
-/* The int8-panel variant; ws holds `chunks` widened panels of ws_stride floats each. */
-void npr_gemm_q8_mt(int isa512, const float *A, const signed char *Bq, const float *scale, float *C,
-                    const float *bias, const float *R, long M, long K, long N, long panels, float *ws,
-                    long ws_stride, int threads, int chunks)
+/* The int8-panel variant, panels [p0, p1); ws holds `chunks` widened panels of ws_stride floats each. */
+void npr_gemm_q8_range_mt(int isa512, const float *A, const signed char *Bq, const float *scale, float *C,
+                          const float *bias, const float *R, long M, long K, long N, long p0, long p1, float *ws,
+                          long ws_stride, int threads, int chunks)
 {
-    gemm_job j = {isa512, 1, A, NULL, scale, bias, R, Bq, C, ws, M, K, N, panels, ws_stride, chunks, 0};
+    gemm_job j = {isa512, 1, A, NULL, scale, bias, R, Bq, C, ws, M, K, N, p1, ws_stride, chunks, p0};
     par_run(gemm_chunk, &j, chunks, threads);
 }
 

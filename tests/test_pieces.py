@@ -233,3 +233,36 @@ def test_nearest_resize_pieces_are_bit_identical(rng, monkeypatch):
         assert hook.n > 0
         np.testing.assert_array_equal(part, whole)
         np.testing.assert_array_equal(whole, vision.REF["resize"](x, None, scales, None, **attrs))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matmul_pieces_are_bit_identical(rng, monkeypatch, threads):
+    """cpu/ops/matmul.py: a linear layer's packed sgemm (float and int8-exact weights, with bias
+    and residual) in ranges of column panels, a product by a non-constant matrix the same way,
+    and a batched product (attention's heads) in ranges of heads."""
+    from npurun.backends.cpu.ops import matmul as mm
+    program = SimpleNamespace(threads=threads)
+    cases = 0
+    for _ in range(12):
+        rows, k, n = int(rng.integers(1, 200)), int(rng.integers(8, 300)), int(rng.integers(16, 700))
+        a = rng.standard_normal((rows, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        if rng.random() < 0.3:  # int8 values times a scale per column: packed as int8
+            b = (rng.integers(-127, 128, (k, n)) * np.float32(0.01)).astype(np.float32)
+        adds = [rng.standard_normal(n).astype(np.float32), rng.standard_normal((rows, n)).astype(np.float32)]
+        for run in (lambda: mm.linear(program, a, b, {}, adds),
+                    lambda: mm.matmul_add(program, a, b, adds)):
+            whole, part, points = whole_and_pieced(monkeypatch, 2e6, run)
+            if whole is None:
+                continue
+            np.testing.assert_array_equal(part, whole, err_msg=f"{a.shape} @ {b.shape}")
+            cases += points > 0
+    for _ in range(6):
+        h, m, k, n = int(rng.integers(2, 13)), int(rng.integers(16, 130)), int(rng.integers(16, 70)), int(rng.integers(16, 130))
+        a = rng.standard_normal((1, h, m, k)).astype(np.float32)
+        b = rng.standard_normal((1, h, k, n)).astype(np.float32)
+        whole, part, points = whole_and_pieced(monkeypatch, 2e6, lambda: mm.matmul_add(program, a, b))
+        np.testing.assert_array_equal(part, whole)
+        np.testing.assert_allclose(whole, a @ b, rtol=1e-4, atol=1e-4)
+        cases += points > 0
+    assert cases >= 10  # most ran in pieces

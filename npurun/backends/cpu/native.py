@@ -95,11 +95,10 @@ def _signatures() -> dict:
         "npr_rmsnorm": ([P, P, P, P, P, P, P, L, L, L, F], None),
         "npr_softmax": ([P, P, P, L, L, L, L, L, I, F], None),
         "npr_softmax_mt": ([P, P, P, L, L, L, L, I, F, I, I], None),
-        "npr_gemm_mt": ([I, P, P, P, P, P, L, L, L, L, I, I], None),
         # im2col_gemm.c: a dense conv as im2col + the packed sgemm, a panel of pixels at a time
         "npr_im2col_gemm_mt": ([P, L, L, L, L, P, L] + [I] * 8 + [I, F, F, P, L, L, I, I, L, L, I, I], I),
         "npr_gemm_range_mt": ([I, P, P, P, P, P, L, L, L, L, L, I, I], None),
-        "npr_gemm_q8_mt": ([I, P, P, P, P, P, P, L, L, L, L, P, L, I, I], None),
+        "npr_gemm_q8_range_mt": ([I, P, P, P, P, P, P, L, L, L, L, L, P, L, I, I], None),
         "npr_bmm_mt": ([I, P, P, P, L, L, L, L, I], I),
         # nbits.c: 4-bit MatMulNBits with int8 activations (contrib/nbits.py)
         "npr_q8_rows": ([P, L, L, L, P, P], None),

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import pieces
 from ...reference.kernels import KERNELS as REF
 from .. import blas, native
+from .. import nativeconv
 
 MIN_FLOP = 2_000_000  # a smaller product runs on the calling thread (hand-off ~20-50 us)
 # A product of a few rows (a decoder's step: one token) reads each weight once and is bound by
@@ -111,9 +113,11 @@ def matmul_add(program, a, b, adds=()):
             return done
         parts = 1
     if parts > 1:  # the heads on the library's spinning pool, each packed then multiplied
-        if _bmm()(native.ISA == "avx512", native.ptr(a2), native.ptr(b2), native.ptr(y), units, per, K, N,
-                  program.threads):
-            raise MemoryError("the batched matmul could not allocate its panel buffer")
+        # (pieces: ranges of heads, each computed as in the whole call)
+        for u0, u1 in pieces.each(_cut(units, 2 * rows * K * N, parts, None)):
+            if _bmm()(native.ISA == "avx512", native.ptr(a2[u0:]), native.ptr(b2[u0:]), native.ptr(y2[u0 * per:]),
+                      u1 - u0, per, K, N, program.threads):
+                raise MemoryError("the batched matmul could not allocate its panel buffer")
         for c, full in flat:
             if full is None:
                 break
@@ -238,9 +242,12 @@ def _bmm():
     return None if lib is None else lib.npr_bmm_mt
 
 
-def _mt(lib):
-    """(npr_gemm_mt, npr_gemm_q8_mt): the packed sgemm's panels on the library's pool."""
-    return lib.npr_gemm_mt, lib.npr_gemm_q8_mt
+def _cut(total: int, flop: float, parts: int, cal: dict | None):
+    """[0, total) whole, or in pieces of about pieces.PIECE_S on a contended device (issue L:
+    a preemption point between two; `parts` threads share each piece)."""
+    if not pieces.wanted():
+        return ((0, total),)
+    return pieces.split(total, flop / (nativeconv.PIECE_FLOPS * parts), cal=cal)
 
 
 def linear(program, a, b, cache: dict, adds=(), weights=True):
@@ -275,21 +282,29 @@ def linear(program, a, b, cache: dict, adds=(), weights=True):
     pa, py = native.ptr(a2), native.ptr(y)
     pbias = native.ptr(bias)
     pres = native.ptr(res)
-    mt, mt_q8 = _mt(lib)
+    isa512 = isa == "avx512"
+    # Pieces are ranges of panels (columns of the product, every row): each panel is computed
+    # as in the whole call, so the result is bit-identical (tests/test_pieces.py).
+    cut = _cut(panels, 2 * rows * K * N, parts, cache)
     if cache["bq"] is not None:
         ws = np.empty((parts, K * nr), np.float32)  # one widened panel per thread
-        pq, ps = native.ptr(cache["bq"]), native.ptr(cache["scale"])
-        if parts > 1:  # the panels on the library's spinning pool (csrc/gemm_mt.c)
-            mt_q8(isa == "avx512", pa, pq, ps, py, pbias, pres, rows, K, N, panels, native.ptr(ws), K * nr,
-                  program.threads, parts)
-        else:
-            getattr(lib, f"npr_gemm_q8_{isa}")(pa, pq, ps, py, pbias, pres, rows, K, N, 0, panels, native.ptr(ws))
+        pq, ps, pws = native.ptr(cache["bq"]), native.ptr(cache["scale"]), native.ptr(ws)
+        one = getattr(lib, f"npr_gemm_q8_{isa}")
+        for p0, p1 in pieces.each(cut):
+            if parts > 1:  # the panels on the library's spinning pool (csrc/gemm_mt.c)
+                lib.npr_gemm_q8_range_mt(isa512, pa, pq, ps, py, pbias, pres, rows, K, N, p0, p1, pws, K * nr,
+                                         program.threads, min(parts, p1 - p0))
+            else:
+                one(pa, pq, ps, py, pbias, pres, rows, K, N, p0, p1, pws)
         return y
     pb = native.ptr(cache["bp"])
-    if parts > 1:
-        mt(isa == "avx512", pa, pb, py, pbias, pres, rows, K, N, panels, program.threads, parts)
-    else:
-        getattr(lib, f"npr_gemm_{isa}")(pa, pb, py, pbias, pres, rows, K, N, 0, panels)
+    one = getattr(lib, f"npr_gemm_{isa}")
+    for p0, p1 in pieces.each(cut):
+        if parts > 1:
+            lib.npr_gemm_range_mt(isa512, pa, pb, py, pbias, pres, rows, K, N, p0, p1, program.threads,
+                                  min(parts, p1 - p0))
+        else:
+            one(pa, pb, py, pbias, pres, rows, K, N, p0, p1)
     return y
 
 
