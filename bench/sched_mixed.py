@@ -223,6 +223,8 @@ def main():
     rng = np.random.default_rng(0)
     xhi = rng.random((1, 1, args.tile, args.tile), dtype=np.float32)
     xlo = rng.random((1, 3, 640, 640), dtype=np.float32)
+    from npurun.commands.bench import machine
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}")
     print(f"# ESPCN {args.tile}x{args.tile} every {args.period * 1000:.0f} ms at priority 0 beside {args.batch} "
           f"640x640 at priority 3; {args.threads} threads, {args.duration:g} s per scenario")
     results = {}

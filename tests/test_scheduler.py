@@ -500,7 +500,8 @@ def test_a_better_task_arriving_inside_a_long_conv_starts_within_one_piece(rng, 
     log = []
     hi = Chain("hi", 2, log)
     s = Scheduler(1, quantum=100, aging=1000)
-    s._contended_until = float("inf")  # as after two tasks shared the device
+    s._contended_until = float("inf")  # as after two tasks shared the device,
+    s._recent[0, "hi"] = float("inf")  # one of them a better one (so the worse one runs pieces)
     box = {}
     real_piece = sched.Scheduler._piece
 
@@ -532,6 +533,26 @@ def test_pieces_only_on_a_contended_device(rng):
     assert s._contended()
     clock.advance(1.5)
     assert not s._contended()
+
+
+def test_pieces_only_where_another_task_could_enter_between_them():
+    """On a contended device a task runs pieces when another group's task of the same or a
+    better priority is live or was lately; the best task of all runs its nodes whole."""
+    clock = FakeClock()
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    s.pause()
+    f1 = s.submit(Chain("stream", 1, []).program, X, priority=0, group="stream")
+    f2 = s.submit(Chain("batch", 1, []).program, X, priority=3, group="batch")
+    hi, lo = f1.task, f2.task
+    assert s._wants_pieces(lo) and not s._wants_pieces(hi)
+    s.resume()
+    f1.result(timeout=10), f2.result(timeout=10)
+    assert s._wants_pieces(lo)  # the stream was live lately: its next request is likely
+    peer = s.submit(Chain("peer", 1, []).program, X, priority=3, group="peer")
+    assert s._wants_pieces(lo) and not s._wants_pieces(hi)
+    peer.result(timeout=10)
+    clock.advance(1.5)
+    assert not s._wants_pieces(lo)  # nobody lately: not contended
 
 
 def test_a_new_equal_priority_task_behind_in_service_enters_at_the_next_boundary():
