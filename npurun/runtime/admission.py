@@ -26,7 +26,6 @@ the background is the idle gap before the request, at most its predicted stretch
 from __future__ import annotations
 
 import collections
-import statistics
 import weakref
 
 PERIODIC_N = 5   # arrivals (4 intervals) before a group counts as a periodic stream
@@ -93,10 +92,12 @@ class Admission:
         s.arrivals.append(now)
         s.period = 0.0
         if len(s.arrivals) == PERIODIC_N:
-            a = list(s.arrivals)
-            gaps = [b - x for x, b in zip(a, a[1:])]
-            med = statistics.median(gaps)
-            if med > 0 and all(abs(g - med) <= JITTER * med for g in gaps):
+            # (every run of a model calls this: sorted gaps, not statistics.median, ~2 us less)
+            a = s.arrivals
+            gaps = sorted([a[i + 1] - a[i] for i in range(PERIODIC_N - 1)])
+            h = len(gaps) // 2
+            med = gaps[h] if len(gaps) % 2 else 0.5 * (gaps[h - 1] + gaps[h])
+            if med > 0 and med - gaps[0] <= JITTER * med and gaps[-1] - med <= JITTER * med:
                 s.period, s.next_at = med, now + med
                 if now >= self.active_until:  # (the streams of an earlier spell have lapsed)
                     self.holding_priority = float("inf")
