@@ -42,7 +42,7 @@ SAME_ARCH = {"esrgan": "rrdbnet", "real_esrgan_x4plus": "rrdbnet", "distil_bert_
 FAMILIES = [("resnet", ("resnet", "wideresnet", "resnext")), ("mobile cnn", ("mobilenet", "squeezenet", "shufflenet", "googlenet")),
             ("super-res", ("quicksrnet", "xlsr", "sesr", "real_esrgan", "esrgan", "rrdbnet")), ("yolo", ("yolov8",)),
             ("bert", ("bert",)), ("vit/clip", ("vit", "openai_clip")), ("convnext", ("convnext",)), ("swin", ("swin",)),
-            ("whisper encoder", ("whisper_tiny_encoder", "whisper_base_encoder")),
+            ("detr", ("detr",)), ("whisper encoder", ("whisper_tiny_encoder", "whisper_base_encoder")),
             ("whisper decoder", ("whisper_tiny_decoder", "whisper_base_decoder")), ("stable diffusion", ("sd15",)),
             ("llm", ("llm:",))]
 

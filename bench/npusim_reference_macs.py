@@ -111,6 +111,21 @@ def vae():
     return counted(lambda: m.decode(torch.zeros(1, 4, 64, 64)))
 
 
+def detr(depth):
+    """transformers' DetrForObjectDetection with its own ResNet backbone (facebook/detr-resnet-*'s
+    shapes) at AI Hub's 480x480. Counted on the CPU with random weights: DETR's mask handling
+    reads tensor values (.item()), which the meta device has not."""
+    from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
+    bc = ResNetConfig(depths={50: [3, 4, 6, 3], 101: [3, 4, 23, 3]}[depth], layer_type="bottleneck",
+                      hidden_sizes=[256, 512, 1024, 2048], out_features=["stage4"])
+    cfg = DetrConfig(use_timm_backbone=False, backbone_config=bc, use_pretrained_backbone=False)
+    cfg._attn_implementation = "eager"
+    m = DetrForObjectDetection(cfg).eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        m(pixel_values=torch.randn(1, 3, 480, 480), pixel_mask=torch.ones(1, 480, 480, dtype=torch.long))
+    return fc.get_total_flops() / 2 / 1e9
+
+
 def main() -> int:
     rows = [("bert_base", bert(), "flop_counter on transformers BertModel (bert-base config), 384 tokens"),
             ("distil_bert_base", bert(6), "flop_counter on transformers BertModel (bert-base config, 6 layers: "
@@ -121,6 +136,9 @@ def main() -> int:
         rows.append((f"whisper_{s}_encoder", whisper_encoder(s),
                      f"flop_counter on transformers WhisperModel (whisper-{s} config): encoder + cross K/V"))
         rows.append((f"whisper_{s}_decoder", whisper_decoder(s), "from the whisper config: one step, cache 200"))
+    for depth in (50, 101):
+        rows.append((f"detr_resnet{depth}", detr(depth), f"flop_counter on transformers DetrForObjectDetection "
+                     f"(detr-resnet-{depth} shapes, its own ResNet backbone), 480x480"))
     try:
         rows.append(("sd15_unet", unet(), "flop_counter on diffusers UNet2DConditionModel (SD 1.x config), 64x64 latent"))
         rows.append(("sd15_vae_decoder", vae(), "flop_counter on diffusers AutoencoderKL.decode (SD config), 64x64 latent"))

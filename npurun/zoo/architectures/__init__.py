@@ -52,6 +52,8 @@ ARCHITECTURES = {
     "whisper_base_encoder": partial(T.whisper_encoder, "base"),
     "whisper_base_decoder": partial(T.whisper_decoder, "base"),
     "sd15_text_encoder": T.sd_text_encoder,
+    "detr_resnet50": partial(T.detr, 50),
+    "detr_resnet101": partial(T.detr, 101),
     "sd15_unet": SD.sd15_unet,
     "sd15_vae_decoder": SD.sd15_vae_decoder,
 }
@@ -66,7 +68,7 @@ CALIBRATION = {
                       "mobilenet_v2", "squeezenet1_1", "shufflenet_v2", "googlenet", "quicksrnetsmall",
                       "quicksrnetmedium", "quicksrnetlarge", "xlsr", "sesr_m5", "real_esrgan_general_x4v3",
                       "real_esrgan_x4plus", "esrgan", "yolov8_det", "vit", "openai_clip", "convnext_tiny",
-                      "swin_tiny")},
+                      "swin_tiny", "detr_resnet50", "detr_resnet101")},
     "convnext_tiny_w8a8": "convnext_tiny",
     "bert_base_uncased_hf": "bert_base", "electra_bert_base_discrim_google": "bert_base",
     "distil_bert_base_uncased_hf": "distil_bert_base",

@@ -22,9 +22,15 @@ def _basic(b, x, cout, stride):
 
 def resnet(depth=50, width_mult=1, groups=1, width_per_group=64, h=224, w=224, name=None):
     """ResNet-18/50/101, Wide-ResNet-50-2 (width_mult=2), ResNeXt-50 32x4d (groups=32, 4)."""
-    blocks = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3], 101: [3, 4, 23, 3]}[depth]
     b = Builder(name or f"resnet{depth}")
-    x = b.input("image", (1, 3, h, w))
+    x = resnet_features(b, b.input("image", (1, 3, h, w)), depth, width_mult, groups, width_per_group)
+    x = b.flatten(b.gap(x))
+    return b.output(b.linear(x, 1000))
+
+
+def resnet_features(b: Builder, x, depth=50, width_mult=1, groups=1, width_per_group=64):
+    """A ResNet's stem and four stages: the stride-32 map (a detector's backbone)."""
+    blocks = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3], 101: [3, 4, 23, 3]}[depth]
     x = b.conv(x, 64, 7, s=2, act="relu")
     x = b.maxpool(x, 3, 2, 1)
     for stage, n in enumerate(blocks):
@@ -36,8 +42,7 @@ def resnet(depth=50, width_mult=1, groups=1, width_per_group=64, h=224, w=224, n
             else:
                 width = int(planes * width_per_group / 64) * groups * width_mult
                 x = _bottleneck(b, x, width, planes * 4, s, groups)
-    x = b.flatten(b.gap(x))
-    return b.output(b.linear(x, 1000))
+    return x
 
 
 def mobilenet_v2(h=224, w=224):

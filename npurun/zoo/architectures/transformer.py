@@ -192,3 +192,41 @@ def whisper_decoder(size="tiny", cache=200, vocab=51865, name=None):
         x = b.add(x, mlp(b, b.layer_norm(x), 4 * d))
     logits = b.node("matmul", [b.layer_norm(x), b.weight((d, vocab), 0.02, "emb_t")])
     return b.output(logits, *outs)
+
+
+def detr(depth=50, h=480, w=480, d=256, heads_=8, layers=6, ffn=2048, queries=100, classes=92, name=None):
+    """DETR (facebook/detr-resnet-50 / -101) as AI Hub exports it at 480x480: a ResNet's
+    stride-32 map projected to d channels, a post-norm encoder over its 15x15 positions and a
+    post-norm decoder of 100 object queries, the sine position embedding added to the queries
+    and keys of every attention (a constant here: it depends on the shape only), each decoder
+    layer projecting the encoder's memory to its own cross-attention keys and values; class
+    logits and sigmoid boxes out (the boxes' 3-layer MLP)."""
+    from .classification import resnet_features
+    b = Builder(name or f"detr_resnet{depth}")
+    x = b.conv(resnet_features(b, b.input("image", (1, 3, h, w)), depth), d, 1)     # (1, d, 15, 15)
+    n = b.shape(x)[2] * b.shape(x)[3]
+    mem = b.transpose(b.reshape(x, [1, d, n]), [0, 2, 1])                          # (1, n, d)
+    pos = b.weight((1, n, d), 0.02, "pos")
+
+    def attention(q_in, k_in, v_in):
+        q = heads(b, b.linear(q_in, d), heads_)
+        k = keys(b, b.linear(k_in, d), heads_)
+        v = heads(b, b.linear(v_in, d), heads_)
+        return b.linear(merge(b, attend(b, q, k, v)), d)
+
+    for _ in range(layers):
+        qk = b.add(mem, pos)
+        mem = b.layer_norm(b.add(mem, attention(qk, qk, mem)))
+        mem = b.layer_norm(b.add(mem, mlp(b, mem, ffn, act="relu")))
+    query_pos = b.weight((1, queries, d), 0.02, "query")
+    tgt = b.floats(np.zeros((1, queries, d), np.float32))
+    mem_k = b.add(mem, pos)
+    for _ in range(layers):
+        qk = b.add(tgt, query_pos)
+        tgt = b.layer_norm(b.add(tgt, attention(qk, qk, tgt)))
+        tgt = b.layer_norm(b.add(tgt, attention(b.add(tgt, query_pos), mem_k, mem)))
+        tgt = b.layer_norm(b.add(tgt, mlp(b, tgt, ffn, act="relu")))
+    out = b.layer_norm(tgt)
+    logits = b.linear(out, classes)
+    box = b.node("relu", [b.linear(b.node("relu", [b.linear(out, d)]), d)])
+    return b.output(logits, b.node("sigmoid", [b.linear(box, 4)]))
