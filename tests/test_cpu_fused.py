@@ -225,3 +225,21 @@ def test_interpolating_resize_matches_reference(rng, mode, ctm, shape, size):
     assert got.shape == want.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(vision._resize(x, None, None, sizes, threads=2, **a), got)
+
+
+def test_plain_add_on_two_threads_is_numpys(rng):
+    """cpu/ops/elementwise_pieces.py: on two threads an add of two same-shaped float32 maps runs
+    as chain.c's add on the pool (a transposed operand made contiguous first): NumPy's sums
+    bit for bit; a broadcast or another dtype stays NumPy's."""
+    from npurun.backends.cpu.ops import elementwise_pieces as ep
+    add = ep.KERNELS["add"](SimpleNamespace(threads=2))
+    a = rng.standard_normal((1, 64, 40, 40)).astype(np.float32)
+    b = rng.standard_normal((1, 64, 40, 40)).astype(np.float32)
+    np.testing.assert_array_equal(add(a, b), a + b)
+    t = rng.standard_normal((1, 128, 300)).astype(np.float32).transpose(0, 2, 1)
+    u = rng.standard_normal((1, 300, 128)).astype(np.float32)
+    np.testing.assert_array_equal(add(u, t), u + t)
+    c = rng.standard_normal((64, 1, 1)).astype(np.float32)
+    np.testing.assert_array_equal(add(a, c), a + c)
+    i = rng.integers(-5, 5, (1, 64, 40, 40)).astype(np.int32)
+    np.testing.assert_array_equal(add(i, i), i + i)

@@ -14,8 +14,10 @@ import numpy as np
 
 from ... import pieces
 from ...reference.kernels import KERNELS as REF
+from . import fused
 
 PIECE_MIN = 1 << 20       # elements: a smaller map is under ~1 ms anyway
+ADD_MT_MIN = 1 << 15      # elements: a smaller add stays on one thread (NumPy's)
 SECONDS_PER_ELEMENT = 1e-9  # NumPy's float32 add/mul here, read + write (errs long: pieces err short)
 # Each piece writes its slice of the output in place (`out=`): a piece computed into a fresh
 # array and then copied made a contended add 2x the whole call's time (PP-OCR det's 96x160x160
@@ -24,14 +26,21 @@ OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
        "max": np.maximum, "min": np.minimum}
 
 
-def _make(op):
+def _make(op, program):
     ref, ufunc = REF[op], OPS[op]
     cal: dict = {}  # the measured speed of this op's pieces (pieces.split)
+    # On more than one thread an add of two same-shaped float32 maps runs as csrc/chain.c's
+    # add on the pool's threads (fused.add_activation with no activation; NumPy's is one
+    # thread): the same sums. SqueezeBERT's residual adds at 2 threads took longer than at 1.
+    add_mt = fused.make_add_activation(program) if op == "add" and getattr(program, "threads", 1) > 1 else None
 
     def run(a, b):
         # (cheapest tests first: a model's many small adds must not pay for this wrapper)
-        if type(a) is not np.ndarray or type(b) is not np.ndarray or max(a.size, b.size) < PIECE_MIN \
-                or a.dtype != np.float32 or b.dtype != np.float32 or not pieces.wanted():
+        if type(a) is not np.ndarray or type(b) is not np.ndarray:
+            return ref(a, b)
+        if add_mt is not None and a.size >= ADD_MT_MIN and a.shape == b.shape and not pieces.wanted():
+            return add_mt(a, b, activation=None, activation_params=())
+        if max(a.size, b.size) < PIECE_MIN or a.dtype != np.float32 or b.dtype != np.float32 or not pieces.wanted():
             return ref(a, b)
         shape = np.broadcast_shapes(a.shape, b.shape)
         size = int(np.prod(shape))
@@ -51,4 +60,4 @@ def _make(op):
     return run
 
 
-KERNELS = {op: (lambda op: lambda program: _make(op))(op) for op in OPS}
+KERNELS = {op: (lambda op: lambda program: _make(op, program))(op) for op in OPS}
