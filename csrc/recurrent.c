@@ -17,18 +17,20 @@
 
 #define SLAB 64  /* gate columns per accumulator block: 8 ymm */
 
-/* One direction over S steps of a batch of B. proj (S, B, 4H); rt = R^T (H, 4H); h, c (B, H)
- * the initial states, overwritten with the final ones; y: step t's h goes to y + t * ys (B rows
- * of H, row pitch H). reverse: the steps run from S-1 down to 0. 4H must be a multiple of 8. */
+/* One direction over steps [s0, s1) of S, for a batch of B. proj (S, B, 4H); rt = R^T (H, 4H);
+ * h, c (B, H) the states, overwritten with the ones after step s1 - 1; y: step t's h goes to
+ * y + t * ys (B rows of H, row pitch H). reverse: step s is time S-1-s. 4H must be a multiple of
+ * 8. Steps [0, S) in one call or in ranges one after the other (pieces of the node, issue L)
+ * compute the same: the state is carried in h and c. */
 int npr_lstm_f32(const float *proj, const float *rt, float *h, float *c, float *y, long ys,
-                 int S, int B, int H, int reverse)
+                 int S, int B, int H, int reverse, int s0, int s1)
 {
     const int G = 4 * H;
     if (G % 8) return -2;
     float *g = aligned_alloc(32, sizeof(float) * (size_t)((G + 7) & ~7));
     if (!g) return -1;
     const __m256 zero = _mm256_setzero_ps();
-    for (int s = 0; s < S; s++) {
+    for (int s = s0; s < s1; s++) {
         int t = reverse ? S - 1 - s : s;
         for (int b = 0; b < B; b++) {
             const float *p = proj + ((long)t * B + b) * G;
@@ -115,13 +117,13 @@ static void vecmat(const float *init, const float *h, const float *rt, int H, in
  *     h = c~ + z * (h - c~)
  * h (B, H) holds the initial state and gets the final one; step t's h goes to y + t * ys. */
 int npr_gru_f32(const float *proj, const float *rt, const float *rbh, float *h, float *y, long ys,
-                int S, int B, int H, int reverse, int lbr)
+                int S, int B, int H, int reverse, int lbr, int s0, int s1)
 {
     const int G = 3 * H;
     if (H % 8) return -2;
     float *g = aligned_alloc(32, sizeof(float) * (size_t)G), *rh = aligned_alloc(32, sizeof(float) * (size_t)H);
     if (!g || !rh) { free(g); free(rh); return -1; }
-    for (int s = 0; s < S; s++) {
+    for (int s = s0; s < s1; s++) {
         int t = reverse ? S - 1 - s : s;
         for (int b = 0; b < B; b++) {
             const float *p = proj + ((long)t * B + b) * G;
@@ -165,7 +167,7 @@ int npr_gru_f32(const float *proj, const float *rt, const float *rbh, float *h, 
 #include "par.h"
 
 typedef struct {
-    int gru, S, B, H, lbr; long ys;
+    int gru, S, B, H, lbr, s0, s1; long ys;
     const float *proj[2], *rt[2], *rbh[2];
     float *h[2], *c[2], *y[2];
     atomic_int rc;
@@ -174,8 +176,9 @@ typedef struct {
 static void dirs_chunk(void *ctx, int d)
 {
     dirs_job *j = ctx;
-    int rc = j->gru ? npr_gru_f32(j->proj[d], j->rt[d], j->rbh[d], j->h[d], j->y[d], j->ys, j->S, j->B, j->H, d, j->lbr)
-                    : npr_lstm_f32(j->proj[d], j->rt[d], j->h[d], j->c[d], j->y[d], j->ys, j->S, j->B, j->H, d);
+    int rc = j->gru ? npr_gru_f32(j->proj[d], j->rt[d], j->rbh[d], j->h[d], j->y[d], j->ys, j->S, j->B, j->H, d, j->lbr,
+                                  j->s0, j->s1)
+                    : npr_lstm_f32(j->proj[d], j->rt[d], j->h[d], j->c[d], j->y[d], j->ys, j->S, j->B, j->H, d, j->s0, j->s1);
     if (rc) atomic_store(&j->rc, rc);
 }
 
@@ -183,9 +186,9 @@ static void dirs_chunk(void *ctx, int d)
  * npr_gru_f32's, one per direction (c0, c1 unused for a GRU, rbh0, rbh1 for an LSTM). */
 int npr_recurrent2_mt(int gru, const float *proj0, const float *proj1, const float *rt0, const float *rt1,
                       const float *rbh0, const float *rbh1, float *h0, float *h1, float *c0, float *c1,
-                      float *y0, float *y1, long ys, int S, int B, int H, int lbr, int threads)
+                      float *y0, float *y1, long ys, int S, int B, int H, int lbr, int threads, int s0, int s1)
 {
-    dirs_job j = {gru, S, B, H, lbr, ys, {proj0, proj1}, {rt0, rt1}, {rbh0, rbh1}, {h0, h1}, {c0, c1},
+    dirs_job j = {gru, S, B, H, lbr, s0, s1, ys, {proj0, proj1}, {rt0, rt1}, {rbh0, rbh1}, {h0, h1}, {c0, c1},
                   {y0, y1}, 0};
     par_run(dirs_chunk, &j, 2, threads);
     return atomic_load(&j.rc);

@@ -266,3 +266,39 @@ def test_matmul_pieces_are_bit_identical(rng, monkeypatch, threads):
         np.testing.assert_allclose(whole, a @ b, rtol=1e-4, atol=1e-4)
         cases += points > 0
     assert cases >= 10  # most ran in pieces
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("op,direction", [("lstm", "forward"), ("lstm", "bidirectional"), ("gru", "reverse"),
+                                          ("gru", "bidirectional")])
+def test_recurrent_pieces_are_bit_identical(rng, monkeypatch, threads, op, direction):
+    """cpu/ops/recurrent.py: an LSTM's or GRU's recurrence in ranges of time steps (the state
+    carried in h and c between them), both directions and the two-thread form: the same bits."""
+    from npurun.backends.cpu.ops import recurrent
+    if recurrent._LIB is None:
+        pytest.fail("the compiled kernels are not built")
+    seq, batch, size, hid = 23, 3, 12, 16
+    dirs, gates = (2 if direction == "bidirectional" else 1), (4 if op == "lstm" else 3)
+    x = rng.standard_normal((seq, batch, size)).astype(np.float32)
+    w = (rng.standard_normal((dirs, gates * hid, size)) * 0.3).astype(np.float32)
+    r = (rng.standard_normal((dirs, gates * hid, hid)) * 0.3).astype(np.float32)
+    b = (rng.standard_normal((dirs, 2 * gates * hid)) * 0.1).astype(np.float32)
+    h0 = rng.standard_normal((dirs, batch, hid)).astype(np.float32)
+    if op == "lstm":
+        c0 = rng.standard_normal((dirs, batch, hid)).astype(np.float32)
+        def run():
+            return recurrent._lstm_native(x, w, r, b, h0, c0, hid, direction, 0, threads)
+    else:
+        def run():
+            return recurrent._gru_native(x, w, r, b, h0, hid, direction, 0, 1, threads)
+    whole = run()
+    monkeypatch.setattr(recurrent, "STEP_FLOPS", 2e6)  # pieces of a few steps here
+    hook = Counter()
+    prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
+    try:
+        part = run()
+    finally:
+        pieces.install(prev)
+    assert hook.n >= 3
+    for a, c in zip(whole, part):
+        np.testing.assert_array_equal(c, a)

@@ -109,9 +109,9 @@ def _signatures() -> dict:
         "npr_gqa_step": ([P, L, P, P, L, P, P, L, L, L, I, I, I, P, P, I, I, F, P, P], None),
         "npr_attention_rows": ([P, L, L, L, L, P, L, L, L, P, L, L, L, L, L, L, P, L, L, L, L, F, P, P], None),
         # recurrent.c: the LSTM and GRU recurrences
-        "npr_lstm_f32": ([P, P, P, P, P, L, I, I, I, I], I),
-        "npr_gru_f32": ([P, P, P, P, P, L, I, I, I, I, I], I),
-        "npr_recurrent2_mt": ([I] + [P] * 12 + [L, I, I, I, I, I], I),
+        "npr_lstm_f32": ([P, P, P, P, P, L, I, I, I, I, I, I], I),
+        "npr_gru_f32": ([P, P, P, P, P, L, I, I, I, I, I, I, I], I),
+        "npr_recurrent2_mt": ([I] + [P] * 12 + [L, I, I, I, I, I, I, I], I),
     }
     for isa in ("avx2", "avx512"):
         sig.update({

@@ -20,6 +20,7 @@ import functools
 
 import numpy as np
 
+from ... import pieces
 from ...reference.kernels import KERNELS as REF
 from ...reference.kernels.sequence_models import _activations
 from .. import native
@@ -118,6 +119,22 @@ def _lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p
     return y.astype(dt, copy=False), h.astype(dt, copy=False), c.astype(dt, copy=False)
 
 
+# Pieces (backends/pieces.py, issue L): on a contended device a long recurrence runs as ranges
+# of time steps with a preemption point between them; the state is carried in h (and c), so the
+# ranges compute what one call does. A step's recurrent product is B x H x G multiply-adds,
+# usually bound by streaming R from L3 (rated at a tenth of a conv's FLOP/s; learned per op).
+STEP_FLOPS = 3e9
+_LSTM_CAL: dict = {}
+_GRU_CAL: dict = {}
+
+
+def _steps(seq: int, macs_per_step: int, cal: dict):
+    """[0, seq) whole, or in pieces of time steps on a contended device."""
+    if not pieces.wanted():
+        return ((0, seq),)
+    return pieces.each(pieces.split(seq, 2.0 * macs_per_step * seq / STEP_FLOPS, cal=cal))
+
+
 def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threads=1):
     """The default-activation float32 LSTM: the input projection by BLAS, the recurrence in
     csrc/recurrent.c (one call per direction)."""
@@ -138,17 +155,17 @@ def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threa
         if b is not None:
             proj += b[d, :4 * hid] + b[d, 4 * hid:]
         projs.append(np.ascontiguousarray(proj, np.float32))
-    ys = dirs * batch * hid
-    if dirs == 2 and threads > 1:  # the two directions at once, one per thread
-        p = native.ptr
-        rc = _LIB.npr_recurrent2_mt(0, p(projs[0]), p(projs[1]), p(rts[0]), p(rts[1]), None, None, p(hs[0]),
-                                    p(hs[1]), p(cs[0]), p(cs[1]), p(y[0, 0]), p(y[0, 1]), ys, seq, batch, hid, 0,
-                                    threads)
-    else:
-        rc = 0
-        for d, proj in enumerate(projs):
-            rc = rc or _LIB.npr_lstm_f32(native.ptr(proj), native.ptr(rts[d]), native.ptr(hs[d]), native.ptr(cs[d]),
-                                         native.ptr(y[0, d]), ys, seq, batch, hid, int(direction == "reverse" or d == 1))
+    ys, p = dirs * batch * hid, native.ptr
+    rc = 0
+    for s0, s1 in _steps(seq, dirs * batch * 4 * hid * hid, _LSTM_CAL):
+        if dirs == 2 and threads > 1:  # the two directions at once, one per thread
+            rc = rc or _LIB.npr_recurrent2_mt(0, p(projs[0]), p(projs[1]), p(rts[0]), p(rts[1]), None, None, p(hs[0]),
+                                              p(hs[1]), p(cs[0]), p(cs[1]), p(y[0, 0]), p(y[0, 1]), ys, seq, batch,
+                                              hid, 0, threads, s0, s1)
+        else:
+            for d, proj in enumerate(projs):
+                rc = rc or _LIB.npr_lstm_f32(p(proj), p(rts[d]), p(hs[d]), p(cs[d]), p(y[0, d]), ys, seq, batch, hid,
+                                             int(direction == "reverse" or d == 1), s0, s1)
     if rc:
         raise MemoryError("the LSTM kernel could not allocate its gate buffer")
     if layout:
@@ -242,15 +259,16 @@ def _gru_native(x, w, r, b, initial_h, hid, direction, layout, lbr, threads=1):
         projs.append(np.ascontiguousarray(proj, np.float32))
         rbhs.append(rbh)
     ys, p = dirs * batch * hid, native.ptr
-    if dirs == 2 and threads > 1:  # the two directions at once, one per thread
-        rc = _LIB.npr_recurrent2_mt(1, p(projs[0]), p(projs[1]), p(rts[0]), p(rts[1]), p(rbhs[0]), p(rbhs[1]),
-                                    p(hs[0]), p(hs[1]), None, None, p(y[0, 0]), p(y[0, 1]), ys, seq, batch, hid,
-                                    int(bool(lbr)), threads)
-    else:
-        rc = 0
-        for d, proj in enumerate(projs):
-            rc = rc or _LIB.npr_gru_f32(p(proj), p(rts[d]), p(rbhs[d]), p(hs[d]), p(y[0, d]), ys, seq, batch, hid,
-                                        int(direction == "reverse" or d == 1), int(bool(lbr)))
+    rc = 0
+    for s0, s1 in _steps(seq, dirs * batch * 3 * hid * hid, _GRU_CAL):
+        if dirs == 2 and threads > 1:  # the two directions at once, one per thread
+            rc = rc or _LIB.npr_recurrent2_mt(1, p(projs[0]), p(projs[1]), p(rts[0]), p(rts[1]), p(rbhs[0]),
+                                              p(rbhs[1]), p(hs[0]), p(hs[1]), None, None, p(y[0, 0]), p(y[0, 1]), ys,
+                                              seq, batch, hid, int(bool(lbr)), threads, s0, s1)
+        else:
+            for d, proj in enumerate(projs):
+                rc = rc or _LIB.npr_gru_f32(p(proj), p(rts[d]), p(rbhs[d]), p(hs[d]), p(y[0, d]), ys, seq, batch, hid,
+                                            int(direction == "reverse" or d == 1), int(bool(lbr)), s0, s1)
     if rc:
         raise MemoryError("the GRU kernel could not allocate its gate buffer")
     if layout:
