@@ -236,6 +236,36 @@ def test_nearest_resize_pieces_are_bit_identical(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("mode,ctm", [("linear", "half_pixel"), ("cubic", "align_corners"), ("linear", "asymmetric")])
+def test_interpolating_resize_pieces_are_bit_identical(rng, monkeypatch, threads, mode, ctm):
+    """cpu/ops/vision.py: a linear or cubic resize as ranges of (image, channel) planes, each
+    through the same axis passes, against the whole node; batch 1 and 2, scales and sizes."""
+    from npurun.backends.cpu.ops import vision
+    resize = vision.KERNELS["resize"](SimpleNamespace(threads=threads))
+    attrs = {"mode": mode, "coordinate_transformation_mode": ctm, "nearest_mode": "floor",
+             "axes": None, "keep_aspect_ratio_policy": "stretch", "cubic_coeff_a": -0.75,
+             "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0}
+    monkeypatch.setattr(vision, "PIECE_MIN", 1000)
+    monkeypatch.setattr(vision, "RESIZE_S_PER_ELEMENT", 1e-7)
+    for shape, sc, sizes in [((1, 24, 40, 40), [1, 1, 2, 2], None), ((2, 13, 17, 30), [1, 1, 1.5, 2.5], None),
+                             ((1, 9, 20, 33), None, [1, 9, 31, 20])]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        scales = None if sc is None else np.array(sc, np.float32)
+        sz = None if sizes is None else np.array(sizes, np.int64)
+        whole = resize(x, None, scales, sz, **attrs)
+        vision._INTERP_CAL.clear()
+        hook = Counter()
+        prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
+        try:
+            part = resize(x, None, scales, sz, **attrs)
+        finally:
+            pieces.install(prev)
+        assert hook.n > 0, shape
+        np.testing.assert_array_equal(part, whole)
+        np.testing.assert_allclose(whole, vision.REF["resize"](x, None, scales, sz, **attrs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 def test_matmul_pieces_are_bit_identical(rng, monkeypatch, threads):
     """cpu/ops/matmul.py: a linear layer's packed sgemm (float and int8-exact weights, with bias
     and residual) in ranges of column panels, a product by a non-constant matrix the same way,

@@ -192,6 +192,7 @@ PIECE_MIN = 1 << 20           # output elements: a smaller resize is well under 
 RESIZE_MT_MIN = 1 << 15       # output elements per thread below which an axis pass stays on one
 RESIZE_S_PER_ELEMENT = 1e-9   # a gathered copy per output element (pieces.split learns the real rate)
 _RESIZE_CAL: dict = {}
+_INTERP_CAL: dict = {}
 
 
 _taps: dict = {}  # (axis length, plan entry, attributes) -> (indices (n_out, k), weights float32)
@@ -208,32 +209,52 @@ def _interpolate(x, roi, scales, sizes, a, threads=1):
         return None
     given = sizes if sizes is not None and sizes.size else None
     plan = resize_plan(x.shape, None if given is not None else scales, given, a["axes"], a["keep_aspect_ratio_policy"])
-    y = x
-    # the last axis first: its taps are scalar gathers, cheapest while the other axes are small
+    passes = []  # (axis, n_out, taps, weights), the last axis first: its taps are scalar
+    n_in = list(x.shape)  # gathers, cheapest while the other axes are small
     for axis, n_out, sc in sorted(plan, key=lambda e: -e[0]):
-        n_in = y.shape[axis]
-        if n_out == n_in and sc == 1.0:
+        if n_out == n_in[axis] and sc == 1.0:
             continue
         if axis < 2:
             return None
-        key = (n_in, n_out, float(sc), repr(sorted(a.items())))
+        key = (n_in[axis], n_out, float(sc), repr(sorted(a.items())))
         hit = _taps.get(key)
         if hit is None:
-            src = _source_coords(n_out, n_in, sc, a["coordinate_transformation_mode"], (0.0, 1.0))
-            idx, w = _filter_taps(src, n_in, sc, a)
+            src = _source_coords(n_out, n_in[axis], sc, a["coordinate_transformation_mode"], (0.0, 1.0))
+            idx, w = _filter_taps(src, n_in[axis], sc, a)
             hit = (np.ascontiguousarray(idx, np.int64), np.ascontiguousarray(w, np.float32))
             if len(_taps) >= CACHE:
                 _taps.clear()
             _taps[key] = hit
-        idx, w = hit
+        passes.append((axis, n_out, *hit))
+        n_in[axis] = n_out
+    if not passes:
+        return x.copy()
+    size = int(np.prod(n_in))
+    nc = x.shape[0] * x.shape[1]
+    if size < PIECE_MIN or nc < 2 or not pieces.wanted():
+        return _axis_passes(x, passes, threads)
+    # Pieces on a contended device (backends/pieces.py): ranges of (image, channel) planes, each
+    # through the same passes (every output row is the one call's: bit-identical).
+    y = np.empty(n_in, np.float32)
+    xs, ys = x.reshape((nc, 1) + x.shape[2:]), y.reshape((nc, 1) + y.shape[2:])
+    for c0, c1 in pieces.each(pieces.split(nc, size * len(passes) * RESIZE_S_PER_ELEMENT * 4, cal=_INTERP_CAL)):
+        ys[c0:c1] = _axis_passes(xs[c0:c1], passes, threads)
+    return y
+
+
+def _axis_passes(x, passes, threads):
+    """x through each (axis, n_out, taps, weights) pass of csrc/resize.c, on the pool's threads."""
+    from .. import native
+    y = x
+    for axis, n_out, idx, w in passes:
         y = np.ascontiguousarray(y)
         outer, inner = int(np.prod(y.shape[:axis])), int(np.prod(y.shape[axis + 1:]))
         out = np.empty(y.shape[:axis] + (n_out,) + y.shape[axis + 1:], np.float32)
         chunks = max(1, min(threads, outer, out.size // RESIZE_MT_MIN))
-        native.LIB.npr_resize_axis_mt(native.ptr(y), native.ptr(out), outer, n_in, inner, n_out, native.ptr(idx),
-                                      native.ptr(w), idx.shape[1], threads, chunks)
+        native.LIB.npr_resize_axis_mt(native.ptr(y), native.ptr(out), outer, y.shape[axis], inner, n_out,
+                                      native.ptr(idx), native.ptr(w), idx.shape[1], threads, chunks)
         y = out
-    return y if y is not x else x.copy()
+    return y
 
 
 def _nearest_map(x, roi, scales, sizes, a):
