@@ -1,6 +1,7 @@
 """Pieces (backends/pieces.py, issue L): a conv run as row pieces with preemption points
 between them gives bit-identical results to the whole node, on random shapes of every cpu
 conv path (direct, Winograd, im2col-GEMM, pointwise), 1 and 2 threads, fresh random inputs."""
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -332,3 +333,25 @@ def test_recurrent_pieces_are_bit_identical(rng, monkeypatch, threads, op, direc
     assert hook.n >= 3
     for a, c in zip(whole, part):
         np.testing.assert_array_equal(c, a)
+
+
+def test_alone_only_long_nodes_run_as_pieces():
+    """A task on a device that is not contended runs a node whole, unless a task that could
+    take its unit was seen lately (the hook's long()) and the node is predicted to take longer
+    than LONG_S: then in pieces of about LONG_S (PIECE_S when contended). Off a task thread,
+    never."""
+    assert not pieces.wanted(10.0)
+    contended, company = [False], [False]
+    prev = pieces.install(pieces.Hook(lambda: None, lambda: contended[0], lambda: company[0]))
+    try:
+        assert not pieces.wanted(2.2 * pieces.LONG_S)  # never had company: whole
+        company[0] = True
+        assert not pieces.wanted() and not pieces.wanted(0.9 * pieces.LONG_S)
+        assert pieces.wanted(2.2 * pieces.LONG_S)
+        assert not pieces.wanted(2.2 * pieces.LONG_S, {pieces.SCALE: 0.25})  # measured 4x faster
+        assert len(pieces.split(1000, 2.2 * pieces.LONG_S)) == 3
+        contended[0] = True
+        assert pieces.wanted() and pieces.wanted(0.0)
+        assert len(pieces.split(1000, 2.2 * pieces.LONG_S)) == math.ceil(2.2 * pieces.LONG_S / pieces.PIECE_S)
+    finally:
+        pieces.install(prev)

@@ -520,6 +520,46 @@ def test_a_better_task_arriving_inside_a_long_conv_starts_within_one_piece(rng, 
     assert lo_t["pieces_yielded"] == 1 and lo_t["preemptions"] == 1
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_better_task_arriving_after_a_quiet_spell_waits_one_long_piece(rng, monkeypatch, threads):
+    """On a device no longer contended, a task that had a better one beside it within
+    SPARSE_S runs a node predicted longer than pieces.LONG_S as pieces of about that: the better
+    task's next request, the first in seconds, starts at the next piece boundary, not at the end
+    of the node (counted in pieces, never timed); the result is the whole node's. A task that
+    never had company runs the node whole."""
+    from npurun.backends.cpu import nativeconv
+    from npurun.runtime import scheduler as sched
+    lo = _conv_program(rng, threads)
+    x = {"x": rng.standard_normal((1, 8, 64, 64)).astype(np.float32)}
+    whole = lo.run(x)["y"]
+    monkeypatch.setattr(nativeconv, "PIECE_FLOPS", 2e7)  # each conv predicted at 0.1-1 s: long
+    log = []
+    hi = Chain("hi", 2, log)
+    clock = FakeClock()
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+    alone = s.submit(lo, x, priority=3, name="lo")
+    np.testing.assert_array_equal(alone.result(timeout=60)["y"], whole)
+    assert alone.task.pieces_yielded == 0 and not s._had_company(alone.task)
+    s.submit(hi.program, X, priority=0, name="hi").result(timeout=10)  # a request, then quiet
+    clock.advance(5.0)
+    del log[:]
+    assert not s._contended()
+    box = {}
+    real_piece = sched.Scheduler._piece
+
+    def piece(self, task):
+        log.append(("piece", task.name, self._contended()))
+        if "hi" not in box:
+            box["hi"] = self.submit(hi.program, X, priority=0, name="hi")
+        real_piece(self, task)
+    monkeypatch.setattr(sched.Scheduler, "_piece", piece)
+    out = s.submit(lo, x, priority=3, name="lo").result(timeout=60)["y"]
+    box["hi"].result(timeout=10)
+    assert log[0] == ("piece", "lo", False)  # a piece of the first conv, the device quiet
+    assert log[1:3] == [("hi", 2), ("hi", 3)], log[:6]  # (hi's third and fourth node calls)
+    np.testing.assert_array_equal(out, whole)
+
+
 def test_pieces_only_on_a_contended_device(rng):
     """A task alone runs its nodes whole; the device is contended once two tasks were live."""
     clock = FakeClock()

@@ -9,9 +9,14 @@ buffer is the task's own, so the pieces after a switch simply go on filling it: 
 bit-identical to the whole node's (the same kernels on the same rows; tests check it).
 
 Pieces cost a few microseconds each (one more call into the kernels' thread pool), so a
-kernel asks `wanted()` first: true only on a task thread whose device is *contended* (another
-task was live on it within the last CONTENDED_S; the scheduler says). A model alone on the
-device runs its nodes whole.
+kernel asks `wanted()` first: true on a task thread whose device is *contended* (another task
+that could take the unit was live on it within the last CONTENDED_S; the scheduler says). A task
+alone runs its nodes whole — except, where a task that could take its unit was seen within the
+last SPARSE_S (the hook's `long()`), a node predicted to run longer than LONG_S
+(`wanted(seconds)`), which then runs as pieces of about LONG_S: a sparse better task (an
+interactive request every few seconds beside a batch) otherwise waited out a whole node, 20-60
+ms, because the device did not count as contended until it arrived. A task that never had
+company pays nothing (those pieces cost a long pointwise conv 5-10% at 2 threads).
 
 A kernel sizes its pieces from a model of its own speed (FLOP/s, elements per second), and a
 model errs: on a shared 2-core VM a 3-input-channel stride-2 conv or a large add after the cache
@@ -26,7 +31,8 @@ import math
 import threading
 import time
 
-PIECE_S = 0.001          # a piece's target duration
+PIECE_S = 0.001          # a piece's target duration on a contended device
+LONG_S = 0.004           # lately had company: nodes predicted longer than this, pieces of about this
 CONTENDED_S = 1.0        # a device stays contended this long after two tasks were live on it
 SCALE = "_piece_scale"   # the key of the measured / predicted ratio in a calibration dict
 LEARN = 0.3              # weight of a new measurement (in log space)
@@ -36,10 +42,16 @@ _local = threading.local()
 
 
 class Hook:
-    """What the scheduler installs on a task thread: `boundary()` and `wanted()`."""
+    """What the scheduler installs on a task thread: `boundary()`, `wanted()` (the device is
+    contended) and `long()` (a task that could take the unit was seen lately: long nodes in
+    pieces of LONG_S)."""
 
-    def __init__(self, boundary, wanted):
-        self.boundary, self.wanted = boundary, wanted
+    def __init__(self, boundary, wanted, long=None):
+        self.boundary, self.wanted, self.long = boundary, wanted, long or _never
+
+
+def _never() -> bool:
+    return False
 
 
 def install(hook: Hook | None) -> Hook | None:
@@ -49,9 +61,17 @@ def install(hook: Hook | None) -> Hook | None:
     return prev
 
 
-def wanted() -> bool:
+def wanted(seconds: float | None = None, cal: dict | None = None) -> bool:
+    """Whether a node should run as pieces: on a contended device any node that can; otherwise,
+    where the hook's `long()` says so, one predicted (`seconds`, scaled by what `cal` measured)
+    to run longer than LONG_S."""
     h = getattr(_local, "hook", None)
-    return h is not None and h.wanted()
+    if h is None:
+        return False
+    if h.wanted():
+        return True
+    return seconds is not None and seconds * (cal.get(SCALE, 1.0) if cal is not None else 1.0) > LONG_S \
+        and h.long()
 
 
 def boundary() -> None:
@@ -97,13 +117,15 @@ def _learn(cal: dict, took: float, predicted: float) -> None:
 
 
 def split(total: int, seconds: float, unit: int = 1, cal: dict | None = None) -> list[tuple[int, int]]:
-    """[0, total) cut into ranges of about PIECE_S each, given `seconds` predicted for the
-    whole (scaled by what `cal` measured so far); edges at multiples of `unit` (a Winograd
-    tile row, a block of channels)."""
+    """[0, total) cut into ranges of about PIECE_S each (LONG_S on a device that is not
+    contended), given `seconds` predicted for the whole (scaled by what `cal` measured so far);
+    edges at multiples of `unit` (a Winograd tile row, a block of channels)."""
     scale = cal.get(SCALE, 1.0) if cal is not None else 1.0
-    # (rounded up: pieces of at most PIECE_S; rounded down they reached 2 x PIECE_S, and a
+    h = getattr(_local, "hook", None)
+    target = PIECE_S if h is None or h.wanted() else LONG_S
+    # (rounded up: pieces of at most the target; rounded down they reached twice it, and a
     # better task's wait is up to one piece)
-    k = max(1, min(-(-total // unit), math.ceil(seconds * scale / PIECE_S - 1e-6)))
+    k = max(1, min(-(-total // unit), math.ceil(seconds * scale / target - 1e-6)))
     edges = sorted({min(total, round(total * j / k / unit) * unit) for j in range(k)} | {total})
     edges = [0] + [e for e in edges if e > 0]
     out = Cut((a, b) for a, b in zip(edges, edges[1:]) if b > a)

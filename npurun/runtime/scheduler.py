@@ -65,6 +65,8 @@ WAITING, RUNNING, DONE = "waiting", "running", "done"
 WAKEUP_S = 0.001
 # Seconds an idle task thread or the watchdog waits for work before it exits (real time).
 IDLE_S = 2.0
+# A task that could take a unit, seen within this, makes long nodes run as pieces (pieces.LONG_S).
+SPARSE_S = 60.0
 # Longest time between two locked step boundaries of a task running alone (Scheduler._boundary).
 SYNC_S = 2e-4
 
@@ -281,7 +283,7 @@ class Scheduler:
         self.preemptions = 0
         self.preempt_latency = LatencyHistogram()
         self._contended_until = float("-inf")  # see _contended
-        self._recent: dict = {}  # (priority, group) -> until when it counts as lately live
+        self._recent: dict = {}  # (priority, group) -> when a task of it was last live
         self.macs_done = 0
         self.steps_done = 0
         self.listeners: list = []  # fn(event, task) for the monitor; called outside the lock
@@ -365,7 +367,8 @@ class Scheduler:
         # run for boundaries that could only say "go on".)
         quiet = task.deadline is None and task.trace is None and progress is None
         try:
-            prev = pieces.install(pieces.Hook(lambda: self._piece(task), lambda: self._wants_pieces(task)))
+            prev = pieces.install(pieces.Hook(lambda: self._piece(task), lambda: self._wants_pieces(task),
+                                               lambda: self._had_company(task)))
             try:
                 result = program.run(feeds, progress=lambda i, n, label: self._boundary(task, i, label),
                                      **({"attention": self.attention} if quiet else {}))
@@ -627,7 +630,8 @@ class Scheduler:
             err = self._check_stop(task, self.clock())
             if err:
                 raise err
-            prev = pieces.install(pieces.Hook(lambda: self._piece(task), lambda: self._wants_pieces(task)))
+            prev = pieces.install(pieces.Hook(lambda: self._piece(task), lambda: self._wants_pieces(task),
+                                               lambda: self._had_company(task)))
             try:
                 result = task.program.run(task.feeds, progress=lambda i, n, label: self._boundary(task, i, label))
             finally:
@@ -765,10 +769,23 @@ class Scheduler:
         return self.clock() < self._contended_until
 
     def _seen(self, task: Task, now: float):
-        """A task of this priority and group was live (lock held; for _wants_pieces)."""
-        self._recent[task.priority, task.group] = now + pieces.CONTENDED_S
+        """A task of this priority and group was live now (lock held; for _wants_pieces)."""
+        self._recent[task.priority, task.group] = now
         if len(self._recent) > 64:
-            self._recent = {k: u for k, u in self._recent.items() if u > now}
+            self._recent = {k: t for k, t in self._recent.items() if t > now - SPARSE_S}
+
+    def _company(self, task: Task, now: float, within: float) -> bool:
+        """Whether another group's task of the same or a better priority is live, or was within
+        `within` seconds. (Unlocked reads: hints.)"""
+        p, g = task.priority, task.group
+        if any(q <= p and h != g and t > now - within for (q, h), t in list(self._recent.items())):
+            return True
+        return any(t.priority <= p and t.group != g for t in list(self.live.values()))
+
+    def _had_company(self, task: Task) -> bool:
+        """Whether `task` runs nodes longer than pieces.LONG_S as pieces on a device that is not
+        contended: a task that could take its unit was seen within SPARSE_S (pieces.py)."""
+        return self._company(task, self.clock(), SPARSE_S)
 
     def _wants_pieces(self, task: Task) -> bool:
         """Whether `task`'s kernels should run long nodes in pieces: the device is contended and
@@ -779,10 +796,7 @@ class Scheduler:
         now = self.clock()
         if now >= self._contended_until:
             return False
-        p, g = task.priority, task.group
-        if any(q <= p and h != g and until > now for (q, h), until in list(self._recent.items())):
-            return True
-        return any(t.priority <= p and t.group != g for t in list(self.live.values()))
+        return self._company(task, now, pieces.CONTENDED_S)
 
     def _give_up(self, task: Task, why: str, now: float) -> list[Task]:
         """Task leaves its unit for the queue (lock held); the tasks to start."""

@@ -261,7 +261,7 @@ def _depthwise_plan(xshape, yshape, w, b, geo, epi, threads, cache, kind, flops)
         calls = [native.bound(kernel, (*pre, c0, c1), 0, 17) for c0, c1 in bands]
 
     def run(x):
-        if pieces.wanted():
+        if pieces.wanted(DW_FLOP_COST * flops / (PIECE_FLOPS * threads), cache):
             return general(x)
         y = empty(yshape)
         for call in calls:
@@ -313,8 +313,8 @@ def _depthwise_image(x, y, wdw, bdw, geo, epi, threads, cache, kind, flops):
     bands = _bands(c, threads, DW_FLOP_COST * flops)
     # Pieces on a contended device: channel ranges cut at multiples of 8, where the lanes
     # kernel's blocks of 8 channels fall in the whole call too (bit-identical).
-    cut = pieces.split(c, DW_FLOP_COST * flops / (PIECE_FLOPS * threads), unit=8, cal=cache) \
-        if pieces.wanted() else None
+    secs = DW_FLOP_COST * flops / (PIECE_FLOPS * threads)
+    cut = pieces.split(c, secs, unit=8, cal=cache) if pieces.wanted(secs, cache) else None
     if threads > 1 and len(bands) > 1:  # channel bands on par.h's spinning pool
         for i in range(n):
             for c0, c1 in pieces.each(cut) if cut else [(0, c)]:
@@ -348,8 +348,8 @@ def _direct(x, y, w, b, group, geo, epi, threads, cache, isa, flops):
     # with a preemption point between them; the same kernel on the same rows (bit-identical).
     # (Not for a flat pointwise conv: its pixel tiles start where a call starts, so other
     # edges would change which pixels share a tile, and the rounding with it.)
-    cut = pieces.split(rows, flops / group / (PIECE_FLOPS * threads), cal=cache) if not flat and pieces.wanted() \
-        else [(0, rows)]
+    secs = flops / group / (PIECE_FLOPS * threads)
+    cut = pieces.split(rows, secs, cal=cache) if not flat and pieces.wanted(secs, cache) else [(0, rows)]
     if threads > 1 and len(bands) > 1:  # the bands on par.h's spinning pool, a call per image and group
         mt = getattr(LIB, f"npr_conv2d_{isa or native.ISA}_mt")
         for i in range(n):
@@ -551,8 +551,8 @@ def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache, threads=1, flops=0.0):
     isa = native.ISA
     nr = getattr(LIB, f"npr_gemm_nr_{isa}")()
     panels = -(-(n * ho * wo) // nr)
-    cut = pieces.split(panels, flops * n / (PIECE_FLOPS * threads), cal=cache) if pieces.wanted() \
-        else [(0, panels)]
+    secs = flops * n / (PIECE_FLOPS * threads)
+    cut = pieces.split(panels, secs, cal=cache) if pieces.wanted(secs, cache) else [(0, panels)]
     for p0, p1 in pieces.each(cut):
         _check(LIB.npr_im2col_gemm_mt(ptr(x), n, c, h, wd, ptr(wb), m, kh, kw, sh, sw, dh, dw, pt, pl,
                                       code, alpha, beta, ptr(y), ho, wo, int(isa == "avx512"), nr, p0, p1,
@@ -586,8 +586,8 @@ def _winograd(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
     mt = getattr(LIB, f"npr_wino_{isa or native.ISA}_mt", None)
     tiles = -(-ho // 4)
     # Pieces of tile rows (whole 4-row tiles: the same tiles as the whole node's).
-    cut = pieces.split(tiles, flops / (WINO_SPEEDUP * PIECE_FLOPS * threads), cal=cache) if pieces.wanted() \
-        else [(0, tiles)]
+    secs = flops / (WINO_SPEEDUP * PIECE_FLOPS * threads)
+    cut = pieces.split(tiles, secs, cal=cache) if pieces.wanted(secs, cache) else [(0, tiles)]
     if threads > 1 and len(bands) > 1 and mt is not None:  # the bands on par.h's spinning pool
         for i in range(n):
             for t0, t1 in pieces.each(cut):
@@ -633,19 +633,21 @@ def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flo
 
     def run(x):
         y = empty(yshape)
-        if whole is not None and (split_m or not pieces.wanted()):  # one image, one call
+        secs = flops / (PIECE_FLOPS * parts)
+        pieced = not split_m and pieces.wanted(secs, cache)
+        if whole is not None and not pieced:  # one image, one call
             _check(whole(x, y))
             return y
         xp, yp = ptr(x), ptr(y)
         # Pieces on a contended device: whole output rows through the threaded entry point (it
         # splits its parts at whole rows too), whole tiles of pixels on one thread (its one
         # call tiles pixels across rows from pixel 0); split_m's small images run whole.
-        if split_m or not pieces.wanted():
+        if not pieced:
             cut, px = [(0, ho * wo)], 1
         elif parts > 1:  # (ranges of rows, passed as pixels)
-            cut, px = pieces.split(ho, flops / (PIECE_FLOPS * parts), cal=cache), wo
+            cut, px = pieces.split(ho, secs, cal=cache), wo
         else:
-            cut, px = pieces.split(ho * wo, flops / PIECE_FLOPS, unit=nr, cal=cache), 1
+            cut, px = pieces.split(ho * wo, secs, unit=nr, cal=cache), 1
         for i in range(n):
             for p0, p1 in pieces.each(cut):
                 _check(fn(xp + i * xstep, *pre, yp + i * ystep, *post, p0 * px, p1 * px))

@@ -176,14 +176,15 @@ def _resize(x, roi=None, scales=None, sizes=None, threads=1, **a):
     idx, out = m
     n, c = x.shape[:2]
     x3 = x.reshape(n, c, -1)
-    if n * c * len(idx) < PIECE_MIN or c < 2 or not pieces.wanted():
+    secs = n * c * len(idx) * RESIZE_S_PER_ELEMENT
+    if n * c * len(idx) < PIECE_MIN or c < 2 or not pieces.wanted(secs, _RESIZE_CAL):
         return np.take(x3, idx, axis=2).reshape(n, c, *out)
     # Pieces on a contended device (backends/pieces.py): channel ranges, each the same gather
     # (copies: bit-identical); an FPN's nearest x2 of (1, 96, 160, 160) is a 10 MB write.
     y = np.empty((n, c, len(idx)), x.dtype)
     # (mode="clip": with the default "raise" np.take writes `out` through a temporary, a second
     # copy of the piece; the indices are in range, so clipping changes nothing)
-    for c0, c1 in pieces.each(pieces.split(c, n * c * len(idx) * RESIZE_S_PER_ELEMENT, cal=_RESIZE_CAL)):
+    for c0, c1 in pieces.each(pieces.split(c, secs, cal=_RESIZE_CAL)):
         np.take(x3[:, c0:c1], idx, axis=2, out=y[:, c0:c1], mode="clip")
     return y.reshape(n, c, *out)
 
@@ -231,13 +232,14 @@ def _interpolate(x, roi, scales, sizes, a, threads=1):
         return x.copy()
     size = int(np.prod(n_in))
     nc = x.shape[0] * x.shape[1]
-    if size < PIECE_MIN or nc < 2 or not pieces.wanted():
+    secs = size * len(passes) * RESIZE_S_PER_ELEMENT * 4
+    if size < PIECE_MIN or nc < 2 or not pieces.wanted(secs, _INTERP_CAL):
         return _axis_passes(x, passes, threads)
-    # Pieces on a contended device (backends/pieces.py): ranges of (image, channel) planes, each
-    # through the same passes (every output row is the one call's: bit-identical).
+    # Pieces (backends/pieces.py): ranges of (image, channel) planes, each through the same
+    # passes (every output row is the one call's: bit-identical).
     y = np.empty(n_in, np.float32)
     xs, ys = x.reshape((nc, 1) + x.shape[2:]), y.reshape((nc, 1) + y.shape[2:])
-    for c0, c1 in pieces.each(pieces.split(nc, size * len(passes) * RESIZE_S_PER_ELEMENT * 4, cal=_INTERP_CAL)):
+    for c0, c1 in pieces.each(pieces.split(nc, secs, cal=_INTERP_CAL)):
         ys[c0:c1] = _axis_passes(xs[c0:c1], passes, threads)
     return y
 
