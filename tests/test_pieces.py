@@ -37,6 +37,16 @@ def whole_and_pieced(monkeypatch, piece_flops, run):
     return whole, part, hook.n
 
 
+def under_hook(run):
+    """run() as on a contended task thread: (its result, the preemption points it passed)."""
+    hook = Counter()
+    prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
+    try:
+        return run(), hook.n
+    finally:
+        pieces.install(prev)
+
+
 def case(rng):
     c = int(rng.choice([1, 3, 8, 16, 24, 32, 48]))
     m = int(rng.choice([4, 8, 16, 24, 40, 64]))
@@ -225,13 +235,8 @@ def test_nearest_resize_pieces_are_bit_identical(rng, monkeypatch):
         scales = np.array(sc, np.float32)
         whole = resize(x, None, scales, None, **attrs)
         vision._RESIZE_CAL.clear()  # (the last case's measured speed would make these few pieces)
-        hook = Counter()
-        prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
-        try:
-            part = resize(x, None, scales, None, **attrs)
-        finally:
-            pieces.install(prev)
-        assert hook.n > 0
+        part, n = under_hook(lambda: resize(x, None, scales, None, **attrs))
+        assert n > 0
         np.testing.assert_array_equal(part, whole)
         np.testing.assert_array_equal(whole, vision.REF["resize"](x, None, scales, None, **attrs))
 
@@ -255,13 +260,8 @@ def test_interpolating_resize_pieces_are_bit_identical(rng, monkeypatch, threads
         sz = None if sizes is None else np.array(sizes, np.int64)
         whole = resize(x, None, scales, sz, **attrs)
         vision._INTERP_CAL.clear()
-        hook = Counter()
-        prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
-        try:
-            part = resize(x, None, scales, sz, **attrs)
-        finally:
-            pieces.install(prev)
-        assert hook.n > 0, shape
+        part, n = under_hook(lambda: resize(x, None, scales, sz, **attrs))
+        assert n > 0, shape
         np.testing.assert_array_equal(part, whole)
         np.testing.assert_allclose(whole, vision.REF["resize"](x, None, scales, sz, **attrs), rtol=1e-5, atol=1e-5)
 
@@ -324,13 +324,8 @@ def test_recurrent_pieces_are_bit_identical(rng, monkeypatch, threads, op, direc
             return recurrent._gru_native(x, w, r, b, h0, hid, direction, 0, 1, threads)
     whole = run()
     monkeypatch.setattr(recurrent, "STEP_FLOPS", 2e6)  # pieces of a few steps here
-    hook = Counter()
-    prev = pieces.install(pieces.Hook(hook.boundary, hook.wanted))
-    try:
-        part = run()
-    finally:
-        pieces.install(prev)
-    assert hook.n >= 3
+    part, n = under_hook(run)
+    assert n >= 3
     for a, c in zip(whole, part):
         np.testing.assert_array_equal(c, a)
 

@@ -468,6 +468,24 @@ def test_preemption_latency_reaches_prometheus(rng):
     assert 'npurun_device_preemption_latency_seconds_bucket{device="reference",le="0.002"}' in text
 
 
+def _hi_at_first_piece(monkeypatch, s, lo, x, hi, log, entry):
+    """Run `lo` at priority 3 on `s`, logging entry(scheduler, task) at each of its piece
+    boundaries and submitting `hi` at priority 0 at the first; lo's output once both are done."""
+    from npurun.runtime import scheduler as sched
+    box = {}
+    real_piece = sched.Scheduler._piece
+
+    def piece(self, task):
+        log.append(entry(self, task))
+        if "hi" not in box:
+            box["hi"] = self.submit(hi.program, X, priority=0, name="hi")
+        real_piece(self, task)
+    monkeypatch.setattr(sched.Scheduler, "_piece", piece)
+    out = s.submit(lo, x, priority=3, name="lo").result(timeout=60)["y"]
+    box["hi"].result(timeout=10)
+    return out
+
+
 def _conv_program(rng, threads=2):
     """A cpu-backend program of one 3x3 conv (Winograd) and one 5x5 conv (direct) on 64x64."""
     from onnx import TensorProto, helper, numpy_helper
@@ -492,7 +510,6 @@ def test_a_better_task_arriving_inside_a_long_conv_starts_within_one_piece(rng, 
     boundary (counted in pieces, never timed), and the conv's result is bit-identical to the
     whole node's."""
     from npurun.backends.cpu import nativeconv
-    from npurun.runtime import scheduler as sched
     lo = _conv_program(rng, threads)
     x = {"x": rng.standard_normal((1, 8, 64, 64)).astype(np.float32)}
     whole = lo.run(x)["y"]  # no hook on this thread: every node whole
@@ -502,17 +519,7 @@ def test_a_better_task_arriving_inside_a_long_conv_starts_within_one_piece(rng, 
     s = Scheduler(1, quantum=100, aging=1000)
     s._contended_until = float("inf")  # as after two tasks shared the device,
     s._recent[0, "hi"] = float("inf")  # one of them a better one (so the worse one runs pieces)
-    box = {}
-    real_piece = sched.Scheduler._piece
-
-    def piece(self, task):
-        log.append(("piece", task.name))
-        if "hi" not in box:
-            box["hi"] = self.submit(hi.program, X, priority=0, name="hi")
-        real_piece(self, task)
-    monkeypatch.setattr(sched.Scheduler, "_piece", piece)
-    out = s.submit(lo, x, priority=3, name="lo").result(timeout=60)["y"]
-    box["hi"].result(timeout=10)
+    out = _hi_at_first_piece(monkeypatch, s, lo, x, hi, log, lambda self, task: ("piece", task.name))
     assert log[:3] == [("piece", "lo"), ("hi", 0), ("hi", 1)], log[:6]
     assert log.count(("piece", "lo")) >= 8
     np.testing.assert_array_equal(out, whole)
@@ -528,7 +535,6 @@ def test_a_better_task_arriving_after_a_quiet_spell_waits_one_long_piece(rng, mo
     of the node (counted in pieces, never timed); the result is the whole node's. A task that
     never had company runs the node whole."""
     from npurun.backends.cpu import nativeconv
-    from npurun.runtime import scheduler as sched
     lo = _conv_program(rng, threads)
     x = {"x": rng.standard_normal((1, 8, 64, 64)).astype(np.float32)}
     whole = lo.run(x)["y"]
@@ -544,17 +550,8 @@ def test_a_better_task_arriving_after_a_quiet_spell_waits_one_long_piece(rng, mo
     clock.advance(5.0)
     del log[:]
     assert not s._contended()
-    box = {}
-    real_piece = sched.Scheduler._piece
-
-    def piece(self, task):
-        log.append(("piece", task.name, self._contended()))
-        if "hi" not in box:
-            box["hi"] = self.submit(hi.program, X, priority=0, name="hi")
-        real_piece(self, task)
-    monkeypatch.setattr(sched.Scheduler, "_piece", piece)
-    out = s.submit(lo, x, priority=3, name="lo").result(timeout=60)["y"]
-    box["hi"].result(timeout=10)
+    out = _hi_at_first_piece(monkeypatch, s, lo, x, hi, log,
+                             lambda self, task: ("piece", task.name, self._contended()))
     assert log[0] == ("piece", "lo", False)  # a piece of the first conv, the device quiet
     assert log[1:3] == [("hi", 2), ("hi", 3)], log[:6]  # (hi's third and fourth node calls)
     np.testing.assert_array_equal(out, whole)
