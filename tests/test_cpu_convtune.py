@@ -69,7 +69,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(convtune, "_loaded", [])
     monkeypatch.setenv("NPURUN_CONV_TUNE_FILE", str(tmp_path / "tune.json"))
     monkeypatch.delenv("NPURUN_CONV_TUNE", raising=False)
-    monkeypatch.setattr(pieces, "wanted", lambda: False)
+    monkeypatch.setattr(pieces, "wanted", lambda *a: False)
     return tmp_path / "tune.json"
 
 
@@ -169,11 +169,11 @@ def test_not_measured_when_off_contended_or_out_of_range(rng, fresh, monkeypatch
     np.testing.assert_array_equal(nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, {}), rule)
     assert convtune.choices() == {}
     monkeypatch.delenv("NPURUN_CONV_TUNE")
-    monkeypatch.setattr(pieces, "wanted", lambda: True)  # another task on the device
+    monkeypatch.setattr(pieces, "wanted", lambda *a: True)  # another task on the device
     cache = {}
     np.testing.assert_array_equal(nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, cache), rule)
     assert convtune.choices() == {} and not any(k[0] == "tuned" for k in cache if isinstance(k, tuple))
-    monkeypatch.setattr(pieces, "wanted", lambda: False)  # ... gone: measured on the next call
+    monkeypatch.setattr(pieces, "wanted", lambda *a: False)  # ... gone: measured on the next call
     nativeconv.conv2d(x, w, b, _attrs(a), None, {}, 1, cache)
     assert len(convtune.choices()) == 1
     new_process(monkeypatch)
