@@ -547,6 +547,8 @@ def test_a_better_task_arriving_after_a_quiet_spell_waits_one_long_piece(rng, mo
     np.testing.assert_array_equal(alone.result(timeout=60)["y"], whole)
     assert alone.task.pieces_yielded == 0 and not s._had_company(alone.task)
     s.submit(hi.program, X, priority=0, name="hi").result(timeout=10)  # a request, then quiet
+    assert not s._had_company(alone.task)  # one after the other: no company
+    s._contended_until = clock()  # (as if the two had shared the device until now)
     clock.advance(5.0)
     del log[:]
     assert not s._contended()

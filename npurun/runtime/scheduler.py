@@ -784,8 +784,13 @@ class Scheduler:
 
     def _had_company(self, task: Task) -> bool:
         """Whether `task` runs nodes longer than pieces.LONG_S as pieces on a device that is not
-        contended: a task that could take its unit was seen within SPARSE_S (pieces.py)."""
-        return self._company(task, self.clock(), SPARSE_S)
+        contended: the device was shared (two tasks live at once) within SPARSE_S, and a task
+        that could take its unit was seen meanwhile (pieces.py). Tasks that only ever ran one
+        after the other (a benchmark's models, a server's requests one at a time) are no company:
+        the corpus bench's wav2vec2, after other models in the same process, ran its long convs
+        in such pieces at 6x its time."""
+        now = self.clock()
+        return now < self._contended_until + SPARSE_S and self._company(task, now, SPARSE_S)
 
     def _wants_pieces(self, task: Task) -> bool:
         """Whether `task`'s kernels should run long nodes in pieces: the device is contended and
