@@ -116,6 +116,11 @@ def _learn(cal: dict, took: float, predicted: float) -> None:
     cal[SCALE] = r if old is None else math.exp((1 - LEARN) * math.log(old) + LEARN * math.log(r))
 
 
+def cut(total: int, seconds: float, unit: int = 1, cal: dict | None = None) -> list[tuple[int, int]]:
+    """`split`'s pieces where `wanted(seconds, cal)`, else [(0, total)]: the whole range."""
+    return split(total, seconds, unit, cal) if wanted(seconds, cal) else [(0, total)]
+
+
 def split(total: int, seconds: float, unit: int = 1, cal: dict | None = None) -> list[tuple[int, int]]:
     """[0, total) cut into ranges of about PIECE_S each (LONG_S on a device that is not
     contended), given `seconds` predicted for the whole (scaled by what `cal` measured so far);

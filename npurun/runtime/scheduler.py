@@ -367,8 +367,7 @@ class Scheduler:
         # run for boundaries that could only say "go on".)
         quiet = task.deadline is None and task.trace is None and progress is None
         try:
-            prev = pieces.install(pieces.Hook(lambda: self._piece(task), lambda: self._wants_pieces(task),
-                                               lambda: self._had_company(task)))
+            prev = pieces.install(self._hook(task))
             try:
                 result = program.run(feeds, progress=lambda i, n, label: self._boundary(task, i, label),
                                      **({"attention": self.attention} if quiet else {}))
@@ -630,8 +629,7 @@ class Scheduler:
             err = self._check_stop(task, self.clock())
             if err:
                 raise err
-            prev = pieces.install(pieces.Hook(lambda: self._piece(task), lambda: self._wants_pieces(task),
-                                               lambda: self._had_company(task)))
+            prev = pieces.install(self._hook(task))
             try:
                 result = task.program.run(task.feeds, progress=lambda i, n, label: self._boundary(task, i, label))
             finally:
@@ -763,6 +761,11 @@ class Scheduler:
         task.holds += 1
         self.holds += 1
         return "held"
+
+    def _hook(self, task: Task) -> pieces.Hook:
+        """What `task`'s kernels ask between and about pieces (backends/pieces.py)."""
+        return pieces.Hook(lambda: self._piece(task), lambda: self._wants_pieces(task),
+                           lambda: self._had_company(task))
 
     def _contended(self) -> bool:
         """Whether another task was live on the device lately."""

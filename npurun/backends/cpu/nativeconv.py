@@ -348,8 +348,7 @@ def _direct(x, y, w, b, group, geo, epi, threads, cache, isa, flops):
     # with a preemption point between them; the same kernel on the same rows (bit-identical).
     # (Not for a flat pointwise conv: its pixel tiles start where a call starts, so other
     # edges would change which pixels share a tile, and the rounding with it.)
-    secs = flops / group / (PIECE_FLOPS * threads)
-    cut = pieces.split(rows, secs, cal=cache) if not flat and pieces.wanted(secs, cache) else [(0, rows)]
+    cut = pieces.cut(rows, flops / group / (PIECE_FLOPS * threads), cal=cache) if not flat else [(0, rows)]
     if threads > 1 and len(bands) > 1:  # the bands on par.h's spinning pool, a call per image and group
         mt = getattr(LIB, f"npr_conv2d_{isa or native.ISA}_mt")
         for i in range(n):
@@ -551,8 +550,7 @@ def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache, threads=1, flops=0.0):
     isa = native.ISA
     nr = getattr(LIB, f"npr_gemm_nr_{isa}")()
     panels = -(-(n * ho * wo) // nr)
-    secs = flops * n / (PIECE_FLOPS * threads)
-    cut = pieces.split(panels, secs, cal=cache) if pieces.wanted(secs, cache) else [(0, panels)]
+    cut = pieces.cut(panels, flops * n / (PIECE_FLOPS * threads), cal=cache)
     for p0, p1 in pieces.each(cut):
         _check(LIB.npr_im2col_gemm_mt(ptr(x), n, c, h, wd, ptr(wb), m, kh, kw, sh, sw, dh, dw, pt, pl,
                                       code, alpha, beta, ptr(y), ho, wo, int(isa == "avx512"), nr, p0, p1,
@@ -586,8 +584,7 @@ def _winograd(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
     mt = getattr(LIB, f"npr_wino_{isa or native.ISA}_mt", None)
     tiles = -(-ho // 4)
     # Pieces of tile rows (whole 4-row tiles: the same tiles as the whole node's).
-    secs = flops / (WINO_SPEEDUP * PIECE_FLOPS * threads)
-    cut = pieces.split(tiles, secs, cal=cache) if pieces.wanted(secs, cache) else [(0, tiles)]
+    cut = pieces.cut(tiles, flops / (WINO_SPEEDUP * PIECE_FLOPS * threads), cal=cache)
     if threads > 1 and len(bands) > 1 and mt is not None:  # the bands on par.h's spinning pool
         for i in range(n):
             for t0, t1 in pieces.each(cut):

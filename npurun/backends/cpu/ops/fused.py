@@ -191,9 +191,8 @@ def make_affine_activation(program):
         xp, yp = native.ptr(x), native.ptr(y)
         # Pieces on a contended device (backends/pieces.py): flat ranges of whole 64-float
         # blocks, so every vector lane and the one tail fall where the whole call's do.
-        secs = x.size * AFFINE_S_PER_ELEMENT
-        cut = pieces.split(x.size, secs, unit=64, cal=_CAL) \
-            if x.size >= PIECE_MIN and pieces.wanted(secs, _CAL) else [(0, x.size)]
+        cut = pieces.cut(x.size, x.size * AFFINE_S_PER_ELEMENT, unit=64, cal=_CAL) \
+            if x.size >= PIECE_MIN else [(0, x.size)]
         for i0, i1 in pieces.each(cut):
             AFFINE_ACT(xp + 4 * i0, yp + 4 * i0, i1 - i0, s0, t0, code, alpha, beta, s1, t1)
         return y

@@ -245,10 +245,7 @@ def _bmm():
 def _cut(total: int, flop: float, parts: int, cal: dict | None):
     """[0, total) whole, or in pieces (backends/pieces.py, issue L: a preemption point between
     two; `parts` threads share each piece)."""
-    secs = flop / (nativeconv.PIECE_FLOPS * parts)
-    if not pieces.wanted(secs, cal):
-        return ((0, total),)
-    return pieces.split(total, secs, cal=cal)
+    return pieces.cut(total, flop / (nativeconv.PIECE_FLOPS * parts), cal=cal)
 
 
 def linear(program, a, b, cache: dict, adds=(), weights=True):

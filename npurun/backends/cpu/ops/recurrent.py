@@ -130,10 +130,7 @@ _GRU_CAL: dict = {}
 
 def _steps(seq: int, macs_per_step: int, cal: dict):
     """[0, seq) whole, or in pieces of time steps (backends/pieces.py)."""
-    secs = 2.0 * macs_per_step * seq / STEP_FLOPS
-    if not pieces.wanted(secs, cal):
-        return ((0, seq),)
-    return pieces.each(pieces.split(seq, secs, cal=cal))
+    return pieces.each(pieces.cut(seq, 2.0 * macs_per_step * seq / STEP_FLOPS, cal=cal))
 
 
 def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threads=1):
