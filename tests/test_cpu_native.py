@@ -114,7 +114,6 @@ def test_depthwise_with_channels_in_lanes_matches_reference(case, threads, rng, 
 
 
 @pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
-@pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
 @pytest.mark.parametrize("k,s", [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)])
 def test_depthwise_avx512_strips_are_the_avx2_kernel_bit_for_bit(k, s, rng):
     """Maps whose padded planes pass csrc/conv.c's DW_STRIP_BYTES go a strip of output rows at
@@ -135,6 +134,7 @@ def test_depthwise_avx512_strips_are_the_avx2_kernel_bit_for_bit(k, s, rng):
         close(got, KERNELS["conv"](x, w, b, **_attrs(a)), "relu")
 
 
+@pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_depthwise_avx512_is_the_avx2_kernel_bit_for_bit(threads, rng):
     """conv.c's per-channel depthwise kernel in AVX-512 (16 columns a vector, a masked last one;
