@@ -56,30 +56,33 @@ def test_gemm_conv_on_a_batch_of_small_images(case, threads, rng):
     assert np.array_equal(whole, np.concatenate(one))
 
 
-POINTWISE = [  # 1x1 stride-1 unpadded: panels packed in groups of up to 256 KB (im2col_gemm.c pw_group)
-    ((1, 300, 28, 28), (37, 300, 1, 1)),    # 49 panels in groups of 13-14: groups end mid-row
-    ((3, 40, 7, 9), (24, 40, 1, 1)),        # 189 pixels over 3 images: runs cut at image ends
-    ((1, 4200, 3, 5), (9, 4200, 1, 1)),     # K1 x 16 floats > 256 KB: one panel a group
-    ((2, 8, 1, 1), (70, 8, 1, 1)),          # fewer pixels than a panel
+GROUPED = [  # pointwise convs' panels packed and multiplied in groups (im2col_gemm.c, pw_group)
+    ((1, 300, 28, 28), (37, 300, 1, 1), {}),    # 49 panels in groups of 13: ends mid-row
+    ((3, 40, 7, 9), (24, 40, 1, 1), {}),        # 189 pixels over 3 images: runs cut at image ends
+    ((1, 4200, 3, 5), (9, 4200, 1, 1), {}),     # K1 x 16 floats > 256 KB: one panel a group
+    ((2, 8, 1, 1), (70, 8, 1, 1), {}),          # fewer pixels than a panel
+    ((1, 64, 29, 27), (20, 64, 3, 3), {"pads": [1, 1, 1, 1]}),                    # 3x3: a panel at a time
+    ((2, 48, 23, 25), (16, 48, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 2]}),  # stride 2, 2 images
 ]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("case", range(len(POINTWISE)))
-def test_pointwise_gemm_in_groups_of_panels(case, threads, rng):
-    """A pointwise conv's panels are packed and multiplied a group at a time: the reference's
-    result with every epilogue, and the very bits of one image at a time and of the other
-    thread count (each panel is the same product whatever group or chunk it falls in)."""
-    xs, ws = POINTWISE[case]
+@pytest.mark.parametrize("case", range(len(GROUPED)))
+def test_gemm_conv_in_groups_of_panels(case, threads, rng):
+    """A pointwise conv's panels are packed and multiplied a group at a time (others' one at a
+    time): the reference's result with every epilogue, and the very bits of one image at a time
+    and of the other thread count (each panel is the same product whatever group or chunk it
+    falls in)."""
+    xs, ws, a = GROUPED[case]
     x = nonzero_normal(rng, xs)
     w = nonzero_normal(rng, ws) * 0.1
     b = nonzero_normal(rng, ws[:1])
-    check_conv("gemm", x, w, b, {}, KERNELS["conv"](x, w, b, **_attrs({})), threads, None,
+    check_conv("gemm", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, None,
                acts=(None, "relu", "silu", "clip"))
-    whole = nativeconv.conv2d(x, w, b, _attrs({}), "relu", {}, threads, {}, None, "gemm")
-    one = [nativeconv.conv2d(x[i:i + 1], w, b, _attrs({}), "relu", {}, threads, {}, None, "gemm") for i in range(len(x))]
+    whole = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, threads, {}, None, "gemm")
+    one = [nativeconv.conv2d(x[i:i + 1], w, b, _attrs(a), "relu", {}, threads, {}, None, "gemm") for i in range(len(x))]
     assert np.array_equal(whole, np.concatenate(one))
-    other = nativeconv.conv2d(x, w, b, _attrs({}), "relu", {}, 3 - threads, {}, None, "gemm")
+    other = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, 3 - threads, {}, None, "gemm")
     assert np.array_equal(whole, other)
 
 
