@@ -197,7 +197,9 @@ def test_weights_the_passes_replaced_are_let_go(tmp_path, rng):
     xv = nonzero_normal(rng, (1, 16, 12, 12))
     got = npurun.Executor("cpu").run_sync(g, {"x": xv})["y"]
     assert not g.values["w"].stored.resident and not g.values["s"].stored.resident
-    np.testing.assert_allclose(got, npurun.Executor("reference").run_sync(g, {"x": xv})["y"], rtol=1e-4, atol=1e-4)
+    want = npurun.Executor("reference").run_sync(g, {"x": xv})["y"]
+    # (this 3x3 conv may run Winograd, AVX2-only CPUs: its test's bound, 3e-5 of the largest)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=3e-5 * float(np.abs(want).max()))
     np.testing.assert_array_equal(g.values["w"].data, w)  # read again by the reference run
     g.values["w"].stored.release()
     p.unlink()
