@@ -54,6 +54,36 @@ void npr_gemm_q8_range_mt(int isa512, const float *A, const signed char *Bq, con
     par_run(gemm_chunk, &j, chunks, threads);
 }
 
+/* ---- A pointwise conv on a small map as the transposed product (tr_gemm_tpl.h, GEMM_TCONV):
+ * images one after the other, each image's panels of output channels [p0, p1) in `chunks` runs
+ * (every panel is the same product in any run: pieces and thread counts keep the bits). */
+void npr_tconv_avx2(const float *, const float *, float *, const float *, long, long, long, long, long);
+void npr_tconv_avx512(const float *, const float *, float *, const float *, long, long, long, long, long);
+
+typedef struct {
+    int isa512, chunks;
+    const float *x, *bp, *bias;
+    float *y;
+    long P, K, M, p0, p1;
+} tconv_job;
+
+static void tconv_chunk(void *ctx, int i)
+{
+    tconv_job *j = ctx;
+    long p0 = par_at(j->p0, j->p1, i, j->chunks), p1 = par_at(j->p0, j->p1, i + 1, j->chunks);
+    if (p1 > p0)
+        (j->isa512 ? npr_tconv_avx512 : npr_tconv_avx2)(j->x, j->bp, j->y, j->bias, j->P, j->K, j->M, p0, p1);
+}
+
+void npr_tconv_range_mt(int isa512, const float *x, const float *Bp, float *y, const float *bias, long n,
+                        long P, long K, long M, long p0, long p1, int threads, int chunks)
+{
+    for (long i = 0; i < n; i++) {
+        tconv_job j = {isa512, chunks, x + i * K * P, Bp, bias, y + i * M * P, P, K, M, p0, p1};
+        par_run(tconv_chunk, &j, chunks, threads);
+    }
+}
+
 /* ---- The elementwise and row kernels of transformer.c (erf, GELU, LayerNorm, masked softmax)
  * on the same pool: `chunks` equal ranges of elements or rows. MiniLM's GELU over (128, 1536)
  * took 0.2 ms on one thread and no less on two through the Program's Python pool. */

@@ -110,3 +110,55 @@ void GEMM_Q8(const float *A, const signed char *Bq, const float *scale, float *C
         }
     }
 }
+
+/* A pointwise conv on a small map as the transposed product, output channels in the vectors:
+ *     y^T (P x M) = x^T (P x K) @ W^T (K x M) + bias,   x: (K, P) row-major (one image's planes)
+ * x^T is read in place (pixel r of channel k at x[k*P + r], broadcast), W^T is packed once as
+ * any weight (GEMM_PACK of the K x M matrix), and each MR x NR tile (pixels x channels) is
+ * written back into the planes y (M, P) through a small buffer. Against the im2col GEMM, whose
+ * vectors run over pixels: no packing of the input each call, and a 7x7 map's 49 pixels take
+ * 9 row blocks of 6 (54) instead of 4 panels of 16 (64). Panels [p0, p1) of output channels. */
+static inline __attribute__((always_inline)) void GEMM_TILE_T(const float *x, long P, long K, const float *Bp,
+        float *y, int mr, int nc, const float *bias)
+{
+    VEC c0[MR], c1[MR];
+    const float *a[MR];
+    for (int r = 0; r < MR; r++) {
+        c0[r] = VZERO(); c1[r] = VZERO();
+        a[r] = x + (r < mr ? r : mr - 1);
+    }
+#pragma GCC unroll 2
+    for (long k = 0; k < K; k++) {
+        VEC b0 = VLOAD(Bp + k * 2 * VL), b1 = VLOAD(Bp + k * 2 * VL + VL);
+        long o = k * P;
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            VEC av = VSET1(a[r][o]);
+            c0[r] = VFMA(av, b0, c0[r]);
+            c1[r] = VFMA(av, b1, c1[r]);
+        }
+    }
+    float t[MR][2 * VL];
+    VEC bb0 = VLOAD(bias), bb1 = VLOAD(bias + VL);
+    for (int r = 0; r < MR; r++) {
+        VSTORE(t[r], VADD(c0[r], bb0));
+        VSTORE(t[r] + VL, VADD(c1[r], bb1));
+    }
+    for (int j = 0; j < nc; j++)
+        for (int r = 0; r < mr; r++) y[j * P + r] = t[r][j];
+}
+
+/* bias: M floats padded to whole panels (zeros past M) */
+void GEMM_TCONV(const float *x, const float *Bp, float *y, const float *bias, long P, long K, long M,
+                long p0, long p1)
+{
+    for (long p = p0; p < p1; p++) {
+        long col = p * 2 * VL;
+        int nc = (int)(M - col < 2 * VL ? M - col : 2 * VL);
+        const float *bp = Bp + p * K * 2 * VL;
+        for (long i = 0; i < P; i += MR) {
+            int mr = (int)(P - i < MR ? P - i : MR);
+            GEMM_TILE_T(x + i, P, K, bp, y + col * P + i, mr, nc, bias + col);
+        }
+    }
+}

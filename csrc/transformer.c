@@ -282,6 +282,8 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define GEMM_NR npr_gemm_nr_avx2
 #define GEMM npr_gemm_avx2
 #define GEMM_Q8 npr_gemm_q8_avx2
+#define GEMM_TILE_T gemm_tile_t_avx2
+#define GEMM_TCONV npr_tconv_avx2
 #define VMUL _mm256_mul_ps
 #define VLOADQ8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #include "tr_gemm_tpl.h"
@@ -299,6 +301,8 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #undef GEMM_NR
 #undef GEMM
 #undef GEMM_Q8
+#undef GEMM_TILE_T
+#undef GEMM_TCONV
 #undef VMUL
 #undef VLOADQ8
 
@@ -319,6 +323,8 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define GEMM_NR npr_gemm_nr_avx512
 #define GEMM npr_gemm_avx512
 #define GEMM_Q8 npr_gemm_q8_avx512
+#define GEMM_TILE_T gemm_tile_t_avx512
+#define GEMM_TCONV npr_tconv_avx512
 #define VMUL _mm512_mul_ps
 #define VLOADQ8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #include "tr_gemm_tpl.h"

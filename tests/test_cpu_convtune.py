@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from npurun.backends import pieces
+from npurun.errors import BackendError
 from npurun.backends.cpu import convtune, native, nativeconv
 from npurun.backends.reference.kernels import KERNELS
 
@@ -84,6 +85,34 @@ def test_gemm_conv_in_groups_of_panels(case, threads, rng):
     assert np.array_equal(whole, np.concatenate(one))
     other = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, 3 - threads, {}, None, "gemm")
     assert np.array_equal(whole, other)
+
+
+TGEMM = [  # pointwise convs as the transposed product: pixels off the 6-row block, channels off the panel
+    ((1, 300, 7, 7), (37, 300, 1, 1)),
+    ((3, 40, 7, 9), (24, 40, 1, 1)),
+    ((2, 8, 1, 1), (70, 8, 1, 1)),
+    ((1, 64, 14, 14), (160, 64, 1, 1)),
+    ((1, 17, 5, 3), (33, 17, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(TGEMM)))
+def test_transposed_pointwise_conv_matches_reference(case, threads, rng):
+    """algo="tgemm": output channels in the vectors, the input read in place, each tile written
+    back into the planes; the reference's result with every epilogue, and the same bits at
+    either thread count (each panel of channels is the same product in any band)."""
+    xs, ws = TGEMM[case]
+    x = nonzero_normal(rng, xs)
+    w = nonzero_normal(rng, ws) * 0.1
+    b = nonzero_normal(rng, ws[:1])
+    check_conv("tgemm", x, w, b, {}, KERNELS["conv"](x, w, b, **_attrs({})), threads, None,
+               acts=(None, "relu", "silu", "clip", "hard_swish"))
+    whole = nativeconv.conv2d(x, w, b, _attrs({}), "relu", {}, threads, {}, None, "tgemm")
+    other = nativeconv.conv2d(x, w, b, _attrs({}), "relu", {}, 3 - threads, {}, None, "tgemm")
+    assert np.array_equal(whole, other)
+    with pytest.raises(BackendError, match="algo='tgemm' needs a 1x1 stride-1 unpadded"):
+        nativeconv.conv2d(x, w, b, _attrs({"pads": [1, 0, 0, 0]}), None, None, threads, {}, None, "tgemm")
 
 
 TUNED = [  # big enough to be measured, each with several candidates
@@ -261,6 +290,9 @@ def test_candidates_follow_each_kernels_preconditions():
     assert convtune.candidates(32, 32, 1, g3, 20, 20, [-1, 1], [1, 1]) == ["rule", "direct", "winograd"]  # a crop
     assert "winograd" not in convtune.candidates(32, 32, 1, (3, 3, 2, 2, 1, 1, 1, 1), 10, 10, [1, 1], [0, 0])
     assert convtune.candidates(32, 32, 2, g3, 20, 20, [1, 1], [1, 1]) == []  # grouped
+    g1 = (1, 1, 1, 1, 1, 1, 0, 0)
+    assert convtune.candidates(64, 96, 1, g1, 14, 14, [0, 0], [0, 0]) == ["rule", "direct", "flat", "gemm", "tgemm"]
+    assert "tgemm" not in convtune.candidates(64, 96, 1, (1, 1, 2, 2, 1, 1, 0, 0), 7, 7, [0, 0], [0, 0])  # strided
     big = convtune.candidates(512, 64, 1, g3, 400, 400, [1, 1], [1, 1])  # im2col of 2.9 GB
     assert "gemm" not in big and "flat" in big
     assert convtune.dw_candidates([1, 1]) == ["rule", "direct", "dw_lanes"]

@@ -72,6 +72,25 @@ def test_pieces_are_bit_identical_to_the_whole_node(rng, monkeypatch, threads, a
     assert cut >= 20  # most cases did run in pieces
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_transposed_pointwise_pieces_are_bit_identical(rng, monkeypatch, threads):
+    """algo="tgemm" (a pointwise conv with output channels in the vectors): pieces are ranges of
+    channel panels, each with its activation after it."""
+    cut = 0
+    for _ in range(30):
+        n, c, m = int(rng.choice([1, 2])), int(rng.integers(8, 300)), int(rng.integers(17, 200))
+        hw = int(rng.integers(3, 40))
+        x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+        w = rng.standard_normal((m, c, 1, 1)).astype(np.float32)
+        b = rng.standard_normal(m).astype(np.float32)
+        attrs = {"group": 1, "strides": [1, 1], "dilations": [1, 1], "auto_pad": "NOTSET", "pads": [0, 0, 0, 0]}
+        whole, part, k = whole_and_pieced(
+            monkeypatch, 2e6, lambda: nativeconv.conv2d(x, w, b, attrs, "relu", {}, threads, {}, algo="tgemm"))
+        cut += k > 0
+        np.testing.assert_array_equal(part, whole, err_msg=f"{x.shape} {w.shape}")
+    assert cut >= 10
+
+
 def test_split_covers_the_range_in_units():
     assert pieces.split(100, 0.0005) == [(0, 100)]
     p = pieces.split(37, 0.01, unit=4)

@@ -43,6 +43,11 @@ from .. import pieces
 TUNE_MIN_FLOPS = 2e6     # ~50 us at the slow end: below, any kernel will do
 TUNE_MAX_FLOPS = 2e9     # ~50 ms at 40 GFLOP/s: above, the rule
 GEMM_MAX_BYTES = 64 << 20  # im2col's matrix (the gemm candidate) at most this big
+# A pointwise conv's map at most this big is also measured as the transposed product: it reads
+# the input K times over, one stream per channel, fine while the map stays in L2 (7x7-20x20);
+# offered on every map size, it won alone and lost in the model (ResNet-50: 1.10x the
+# run, DenseNet-121 1.15x, 1 thread, alternating processes)
+TGEMM_MAX_PIXELS = 400
 ROUNDS = 2               # rounds of the close candidates after the first (choose says why)
 CLOSE = 1.5              # candidates within this of the first round's best are timed again
 MARGIN = 0.9             # another kernel replaces the rule's pick at <= this x its time
@@ -62,9 +67,10 @@ def path() -> Path:
 
 # Bumped when a kernel changes enough to move choices (2: im2col + sgemm folds a batch's small
 # images into one product; 3: the per-channel depthwise kernel in AVX-512; 4: its rows four at a
-# time and its stride-2 fill in AVX-512; 5: a pointwise conv's im2col panels packed in groups):
-# choices measured against the old kernels are then measured again.
-KERNELS = 5
+# time and its stride-2 fill in AVX-512; 5: a pointwise conv's im2col panels packed in groups;
+# 6: pointwise convs also as the transposed product): choices measured against the old kernels
+# are then measured again.
+KERNELS = 6
 
 
 def machine() -> str:
@@ -130,6 +136,8 @@ def candidates(c, m, group, geo, ho, wo, begin, end) -> list[str]:
             out.append("gemm")
     if geo[:6] == (3, 3, 1, 1, 1, 1) and min(c, m) >= 8:
         out.append("winograd")
+    if geo == (1, 1, 1, 1, 1, 1, 0, 0) and tuple(end) == (0, 0) and ho * wo <= TGEMM_MAX_PIXELS:
+        out.append("tgemm")  # pointwise on a small map: the transposed product (nativeconv._tgemm)
     return out
 
 

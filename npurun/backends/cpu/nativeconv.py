@@ -198,6 +198,12 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
             raise BackendError(f"cpu conv: algo='gemm' needs a dense conv (group 1), got group {group}")
         return _plan(cache, key, act_attrs, attrs, x, lambda x: _gemm(
             x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops))
+    if algo == "tgemm":
+        if group != 1 or geo != (1, 1, 1, 1, 1, 1, 0, 0) or (ho, wo) != (h, wd):
+            raise BackendError(f"cpu conv: algo='tgemm' needs a 1x1 stride-1 unpadded dense conv, "
+                               f"got weights {tuple(w.shape)}, group {group}, strides {(sh, sw)}, pads {begin}")
+        return _plan(cache, key, act_attrs, attrs, x, lambda x: _tgemm(
+            x, w, b, *epi, empty(yshape), cache, threads, flops))
     if algo == "smallc" or (algo is None and min(*begin, *end) >= 0
                             and smallc_chosen(c, m, group, geo, isa or native.ISA)):
         if group != 1 or geo[2:6] != (1, 1, 1, 1) or min(*begin, *end) < 0:
@@ -555,6 +561,40 @@ def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache, threads=1, flops=0.0):
         _check(LIB.npr_im2col_gemm_mt(ptr(x), n, c, h, wd, ptr(wb), m, kh, kw, sh, sw, dh, dw, pt, pl,
                                       code, alpha, beta, ptr(y), ho, wo, int(isa == "avx512"), nr, p0, p1,
                                       threads, max(1, min(threads * 4, p1 - p0)) if threads > 1 else 1))
+    return y
+
+
+def _tgemm(x, w, b, code, alpha, beta, y, cache, threads=1, flops=0.0):
+    """A pointwise conv as the transposed product, output channels in the vectors (gemm_mt.c
+    npr_tconv_range_mt, tr_gemm_tpl.h GEMM_TCONV): the input read in place, W^T packed once as
+    any weight; bands of output-channel panels on the threads, ranges of them as pieces; the
+    activation over each piece's channels after it. For small maps, where the im2col GEMM's
+    16-pixel panels run part empty (7x7: 64 columns for 49 pixels) and it packs the input each
+    call; convtune measures it against the others."""
+    n, c, h, wd = x.shape
+    m = y.shape[1]
+    p = h * wd
+    isa = native.ISA
+    nr = getattr(LIB, f"npr_gemm_nr_{isa}")()
+    panels = -(-m // nr)
+    if "tgemm" not in cache:
+        wt = np.ascontiguousarray(w.reshape(m, c).T)
+        bp = np.empty(panels * c * nr, np.float32)
+        getattr(LIB, f"npr_gemm_pack_{isa}")(ptr(wt), ptr(bp), c, m)
+        bias = np.zeros(panels * nr, np.float32)
+        if b is not None:
+            bias[:m] = b
+        cache["tgemm"] = (bp, bias)
+    bp, bias = cache["tgemm"]
+    cut = pieces.cut(panels, flops * n / (PIECE_FLOPS * threads), cal=cache)
+    for p0, p1 in pieces.each(cut):
+        LIB.npr_tconv_range_mt(int(isa == "avx512"), ptr(x), ptr(bp), ptr(y), ptr(bias), n, p, c, m, p0, p1,
+                               threads, max(1, min(threads * 2, p1 - p0)) if threads > 1 else 1)
+        if code:
+            c0, c1 = p0 * nr, min(p1 * nr, m)
+            for i in range(n):
+                part = y[i, c0:c1]  # (channels c0..c1 of image i: one contiguous block)
+                LIB.npr_activation(ptr(part), ptr(part), part.size, code, alpha, beta)
     return y
 
 
