@@ -89,6 +89,23 @@ static void pack_panel(const ig_job *j, const run_t *runs, int nruns, int nc, fl
     for (int t = 0; t < nr; t++) dst[t] = t < nc ? 1.0f : 0.0f;
 }
 
+/* np packed panels (bp) times [W | bias] into the tile (M x np*nr), the activation over the
+ * whole tile (one call: per row and image it was ~10% of a small-image conv), then out to the
+ * images: runs of pixels of one image each, nc pixels from column col0. */
+static void multiply_out(const ig_job *j, const float *bp, float *tile, long col0, int nc, int np)
+{
+    const long hw = j->Ho * j->Wo, N = (long)np * j->nr;
+    (j->isa512 ? npr_gemm_avx512 : npr_gemm_avx2)(j->wb, bp, tile, NULL, NULL, j->M, j->K1, N, 0, np);
+    if (j->act) npr_activation(tile, tile, j->M * N, j->act, j->alpha, j->beta);
+    for (int t = 0; t < nc;) {
+        long col = col0 + t, img = col / hw, pix = col % hw;
+        int len = (int)(hw - pix < nc - t ? hw - pix : nc - t);
+        float *y = j->y + img * j->M * hw + pix;
+        for (long m = 0; m < j->M; m++) memcpy(y + m * hw, tile + m * N + t, sizeof(float) * len);
+        t += len;
+    }
+}
+
 #ifndef PW_GROUP_BYTES
 /* bytes of packed columns a pointwise conv's group holds: at 1 thread, against one panel at a
  * time (alternating, Zen 3 AVX2): 64 KB 0.67-1.03x, 192-320 KB 0.65-1.01x, whole 0.84-1.40x
@@ -135,15 +152,7 @@ static void pw_group(const ig_job *j, long p, int np, float *bp, float *tile)
     for (int t = nc; t < N; t++)  /* past the last pixel: zero columns */
         for (long k = 0; k < K; k++) bp[((long)(t / nr) * j->K1 + k) * nr + t % nr] = 0.0f;
     for (int t = 0; t < N; t++) bp[((long)(t / nr) * j->K1 + K) * nr + t % nr] = t < nc ? 1.0f : 0.0f;
-    (j->isa512 ? npr_gemm_avx512 : npr_gemm_avx2)(j->wb, bp, tile, NULL, NULL, j->M, j->K1, N, 0, np);
-    if (j->act) npr_activation(tile, tile, j->M * N, j->act, j->alpha, j->beta);
-    for (int t = 0; t < nc;) {
-        long col = col0 + t, img = col / hw, pix = col % hw;
-        int len = (int)(hw - pix < nc - t ? hw - pix : nc - t);
-        float *y = j->y + img * j->M * hw + pix;
-        for (long m = 0; m < j->M; m++) memcpy(y + m * hw, tile + m * N + t, sizeof(float) * len);
-        t += len;
-    }
+    multiply_out(j, bp, tile, col0, nc, np);
 }
 
 static void ig_chunk(void *ctx, int i)
@@ -152,7 +161,6 @@ static void ig_chunk(void *ctx, int i)
     long p0 = par_at(j->p0, j->p1, i, j->chunks), p1 = par_at(j->p0, j->p1, i + 1, j->chunks);
     if (p1 <= p0) return;
     const int nr = j->nr;
-    long hw = j->Ho * j->Wo;
     if (j->kh == 1 && j->kw == 1 && j->sh == 1 && j->sw == 1 && j->pt == 0 && j->pl == 0
             && j->Ho == j->H && j->Wo == j->W) {
         long g = PW_GROUP_BYTES / ((long)sizeof(float) * j->K1 * nr);
@@ -178,17 +186,7 @@ static void ig_chunk(void *ctx, int i)
         int nc = (int)(j->pixels - col0 < nr ? j->pixels - col0 : nr);
         int nruns = row_runs(j, col0, nc, runs);
         pack_panel(j, runs, nruns, nc, bp);
-        (j->isa512 ? npr_gemm_avx512 : npr_gemm_avx2)(j->wb, bp, tile, NULL, NULL, j->M, j->K1, nr, 0, 1);
-        /* the activation over the whole tile (one call: per row and image it was ~10% of a
-         * small-image conv), then out to the images: runs of pixels of one image each */
-        if (j->act) npr_activation(tile, tile, j->M * nr, j->act, j->alpha, j->beta);
-        for (int t = 0; t < nc;) {
-            long col = col0 + t, img = col / hw, pix = col % hw;
-            int len = (int)(hw - pix < nc - t ? hw - pix : nc - t);
-            float *y = j->y + img * j->M * hw + pix;
-            for (long m = 0; m < j->M; m++) memcpy(y + m * hw, tile + m * nr + t, sizeof(float) * len);
-            t += len;
-        }
+        multiply_out(j, bp, tile, col0, nc, 1);
     }
 }
 

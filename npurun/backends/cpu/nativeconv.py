@@ -73,8 +73,9 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     """algo: None picks by measurement (convtune: the fastest kernel for this shape on this
     machine, timed on its first call) where convtune measures, else as "rule" does; "rule" picks
     by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen / dw_lanes_chosen; "direct",
-    "winograd", "flat", "gemm", "smallc", "dw_lanes" (depthwise with the channels in the lanes;
-    "direct" is the per-channel one) forces one (tests, benches).
+    "winograd", "flat", "gemm", "tgemm" (a pointwise conv as the transposed product, _tgemm),
+    "smallc", "dw_lanes" (depthwise with the channels in the lanes; "direct" is the per-channel
+    one) forces one (tests, benches).
     memo: `cache` is one node's, whose weights, attributes and activation never change (a
     program's conv step, CpuProgram.lower): once planned for x's shape, the plan is also kept
     as cache["memo", x.shape], which the step calls on a contiguous float32 x of that shape
