@@ -33,6 +33,8 @@ CONVS = [  # (N, C, H, W), (M, C/group, kh, kw), attrs
     ((1, 3, 14, 25), (3, 1, 5, 5), {"group": 3, "pads": [1, 2, 2, 1], "strides": [3, 3]}),
     ((1, 12, 1, 40), (5, 12, 1, 3), {"pads": [0, 1, 0, 1]}),                      # one-row image (PP-OCR rec)
     ((1, 7, 1, 300), (6, 7, 1, 1), {}),                                            # flat pointwise, many bands
+    ((2, 8, 3, 5), (5, 8, 1, 1), {"pads": [0, 0, 1, 1]}),                         # 1x1 padded at the end only
+    ((1, 32, 1, 70), (5, 32, 1, 1), {"pads": [0, 0, 0, 2]}),                      # ... more pixels out than in
 ]
 ACTS = [None, "relu", "tanh", "sigmoid", "leaky_relu", "clip", "hard_sigmoid", "hard_swish", "silu"]
 

@@ -4,7 +4,8 @@ depthwise, pointwise; kernels 1-7, strides and dilations 1-4, pads 0-3, auto_pad
 odd and tiny maps, channel counts around the microkernel's 4/8/16 tiles), MatMul and Gemm
 (transposes, 1-row, 1-column, broadcast batches), the activations on lengths around the
 vector width, LayerNormalization, Softmax and LSTM; on 1 or 2 compute units. It runs on the
-cpu backend and on the reference backend (the oracle) in this child process, so a C kernel
+cpu backend and on the reference backend (the oracle) in this child process (a pointwise conv
+also with each of its GEMM kernels forced: a program picks them by timing), so a C kernel
 that writes out of bounds kills the child (reported with its signal and stack). Pass: an
 NpurunError, or cpu outputs equal to the reference within 1e-4 (relative to the largest)."""
 from __future__ import annotations
@@ -117,9 +118,10 @@ def lstm_case(draw):
 
 def fuzz(n: int, stats: fuzzkit.Stats) -> None:
     import npurun
-    from npurun.backends.cpu import native
+    from npurun.backends.cpu import native, nativeconv
     from npurun.errors import NpurunError
     from npurun.frontend.onnx import import_model
+    from npurun.ir.ops import OPS
     assert native.LIB is not None, f"the compiled kernels are not loaded: {native.REASON}"
     cpus = {k: npurun.Executor("cpu", parallelism=k) for k in (1, 2)}
     ref = npurun.Executor("reference", parallelism=1)
@@ -140,6 +142,17 @@ def fuzz(n: int, stats: fuzzkit.Stats) -> None:
         scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
         stats.notes[f"{model.graph.node[0].op_type} checked against the reference"] += 1
+        node = g.nodes[0]
+        attrs = OPS[node.op].attrs_of(node) if node.op == "conv" else {}
+        if attrs and attrs["group"] == 1 and tuple(g.values[node.inputs[1]].shape[2:]) == (1, 1) \
+                and not any(attrs["pads"] or ()) and attrs["auto_pad"] in ("NOTSET", "VALID"):
+            # a program picks a pointwise conv's kernel by rule or by timing: each candidate forced
+            w, b = (g.values[nm].data if nm else None for nm in (list(node.inputs) + [""])[1:3])
+            attrs = {k: v for k, v in attrs.items() if k not in ("activation", "activation_params")}
+            for algo in ("gemm", "tgemm"):
+                forced = nativeconv.conv2d(feeds["x"], w, b, attrs, None, None, units, {}, algo=algo)
+                np.testing.assert_allclose(forced, want, rtol=1e-4, atol=1e-4 * scale, err_msg=algo)
+                stats.notes[f"pointwise conv forced to {algo}"] += 1
 
     @fuzzkit.seeded
     @fuzzkit.hyp_settings(n)

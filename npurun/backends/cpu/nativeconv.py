@@ -348,7 +348,10 @@ def _direct(x, y, w, b, group, geo, epi, threads, cache, isa, flops):
     kernel = native.conv2d_fn(isa)
     nt = int(y.nbytes >= STREAM_BYTES)
     # A pointwise conv sees each channel as one long row: whole tiles even on small images.
-    flat = geo == (1, 1, 1, 1, 1, 1, 0, 0)
+    # (Only with no end padding either: geo holds the begin pads alone, and a 1x1 conv padded at
+    # the end has more output pixels than input ones — read as one row, its planes' pitches
+    # differ and it read past them; found by the kernels fuzz target on an AVX2-only CPU.)
+    flat = geo == (1, 1, 1, 1, 1, 1, 0, 0) and (ho, wo) == (h, wd)
     rows = max(1, ho * wo // 64) if flat else ho  # the flat row splits into bands of 64-pixel groups
     bands = _bands(rows, threads, flops / group)
     # Pieces (backends/pieces.py): on a contended device, a long conv's rows in ~1 ms ranges
