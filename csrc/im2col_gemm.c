@@ -161,23 +161,19 @@ static void ig_chunk(void *ctx, int i)
     long p0 = par_at(j->p0, j->p1, i, j->chunks), p1 = par_at(j->p0, j->p1, i + 1, j->chunks);
     if (p1 <= p0) return;
     const int nr = j->nr;
-    if (j->kh == 1 && j->kw == 1 && j->sh == 1 && j->sw == 1 && j->pt == 0 && j->pl == 0
-            && j->Ho == j->H && j->Wo == j->W) {
-        long g = PW_GROUP_BYTES / ((long)sizeof(float) * j->K1 * nr);
-        int gp = g < 1 ? 1 : g > p1 - p0 ? (int)(p1 - p0) : (int)g;
-        float *bp = npr_scratch(0, sizeof(float) * (size_t)j->K1 * nr * gp);
-        float *tile = npr_scratch(1, sizeof(float) * (size_t)j->M * nr * gp);
-        if (!bp || !tile) {
-            atomic_store(&j->rc, -1);
-            return;
-        }
-        for (long p = p0; p < p1; p += gp) pw_group(j, p, (int)(p1 - p < gp ? p1 - p : gp), bp, tile);
-        return;
-    }
-    float *bp = npr_scratch(0, sizeof(float) * (size_t)j->K1 * nr);
-    float *tile = npr_scratch(1, sizeof(float) * (size_t)j->M * nr);
+    /* a pointwise conv packs groups of panels (pw_group), any other one panel at a time */
+    int pw = j->kh == 1 && j->kw == 1 && j->sh == 1 && j->sw == 1 && j->pt == 0 && j->pl == 0
+             && j->Ho == j->H && j->Wo == j->W;
+    long g = pw ? PW_GROUP_BYTES / ((long)sizeof(float) * j->K1 * nr) : 1;
+    int gp = g < 1 ? 1 : g > p1 - p0 ? (int)(p1 - p0) : (int)g;
+    float *bp = npr_scratch(0, sizeof(float) * (size_t)j->K1 * nr * gp);
+    float *tile = npr_scratch(1, sizeof(float) * (size_t)j->M * nr * gp);
     if (!bp || !tile) {
         atomic_store(&j->rc, -1);
+        return;
+    }
+    if (pw) {
+        for (long p = p0; p < p1; p += gp) pw_group(j, p, (int)(p1 - p < gp ? p1 - p : gp), bp, tile);
         return;
     }
     run_t runs[NR_MAX];

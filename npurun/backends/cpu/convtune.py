@@ -173,7 +173,7 @@ def choose(key: tuple, flops: float, cands: list, run) -> tuple[str, bool]:
     # each, a neighbour's burst on a shared VM decided, and a choice stays for good (the corpus's
     # convs not touched by a kernel change, measured twice an hour apart on a 2-vCPU VM: 33 of
     # 147 choices differed).
-    second = dict(first)
+    second = first
     if len(close) > 1:
         second = {a: first[a] for a in close}
         for _ in range(ROUNDS):

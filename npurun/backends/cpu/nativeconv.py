@@ -200,7 +200,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         return _plan(cache, key, act_attrs, attrs, x, lambda x: _gemm(
             x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops))
     if algo == "tgemm":
-        if group != 1 or geo != (1, 1, 1, 1, 1, 1, 0, 0) or (ho, wo) != (h, wd):
+        if group != 1 or not pointwise(geo, (h, wd), (ho, wo)):
             raise BackendError(f"cpu conv: algo='tgemm' needs a 1x1 stride-1 unpadded dense conv, "
                                f"got weights {tuple(w.shape)}, group {group}, strides {(sh, sw)}, pads {begin}")
         return _plan(cache, key, act_attrs, attrs, x, lambda x: _tgemm(
@@ -348,10 +348,7 @@ def _direct(x, y, w, b, group, geo, epi, threads, cache, isa, flops):
     kernel = native.conv2d_fn(isa)
     nt = int(y.nbytes >= STREAM_BYTES)
     # A pointwise conv sees each channel as one long row: whole tiles even on small images.
-    # (Only with no end padding either: geo holds the begin pads alone, and a 1x1 conv padded at
-    # the end has more output pixels than input ones — read as one row, its planes' pitches
-    # differ and it read past them; found by the kernels fuzz target on an AVX2-only CPU.)
-    flat = geo == (1, 1, 1, 1, 1, 1, 0, 0) and (ho, wo) == (h, wd)
+    flat = pointwise(geo, (h, wd), (ho, wo))
     rows = max(1, ho * wo // 64) if flat else ho  # the flat row splits into bands of 64-pixel groups
     bands = _bands(rows, threads, flops / group)
     # Pieces (backends/pieces.py): on a contended device, a long conv's rows in ~1 ms ranges
@@ -546,7 +543,7 @@ def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache, threads=1, flops=0.0):
     n, c, h, wd = x.shape
     m, ho, wo = y.shape[1:]
     kh, kw, sh, sw, dh, dw, pt, pl = geo
-    if geo == (1, 1, 1, 1, 1, 1, 0, 0) and (ho, wo) == (h, wd):
+    if pointwise(geo, (h, wd), (ho, wo)):
         # a pointwise conv reads each channel's plane whole: one row of h*w pixels, so the
         # kernel packs a panel's columns in one run (7x7 maps: runs of 7 otherwise)
         h, wd, ho, wo = 1, h * wd, 1, h * wd
@@ -600,6 +597,15 @@ def _tgemm(x, w, b, code, alpha, beta, y, cache, threads=1, flops=0.0):
                 part = y[i, c0:c1]  # (channels c0..c1 of image i: one contiguous block)
                 LIB.npr_activation(ptr(part), ptr(part), part.size, code, alpha, beta)
     return y
+
+
+def pointwise(geo: tuple, in_hw: tuple, out_hw: tuple) -> bool:
+    """A 1x1 stride-1 dilation-1 conv with no padding, whose output planes are its input planes:
+    the kernels then read each channel as one row of pixels. The map sizes are asked too: geo
+    holds the begin pads only, and a 1x1 conv padded at the end has more output pixels than
+    input ones (`_direct` took such a conv for pointwise and read past its planes: found by the
+    kernels fuzz target)."""
+    return geo == (1, 1, 1, 1, 1, 1, 0, 0) and tuple(in_hw) == tuple(out_hw)
 
 
 def empty(shape) -> np.ndarray:
