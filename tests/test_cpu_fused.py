@@ -192,15 +192,27 @@ def test_group_normalization_matches_reference(rng, xshape, groups):
                      "ceil_mode": 1}),
     ((1, 4, 9, 8), {"kernel_shape": [12, 5], "strides": [4, 3], "pads": [1, 0, 1, 2], "count_include_pad": 0,
                     "ceil_mode": 1}),
+    # one count everywhere (its reciprocal in the weights): no padding, or padding counted
+    ((1, 11, 113, 113), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": None, "count_include_pad": 0}),
+    ((1, 6, 12, 12), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    # 1x1 windows: strided copies (NASNet's stride-2 pools), or padded ones, which the conv runs
+    ((1, 32, 111, 111), {"kernel_shape": [1, 1], "strides": [2, 2], "pads": None, "count_include_pad": 0}),
+    ((1, 3, 10, 9), {"kernel_shape": [1, 1], "strides": [3, 2], "pads": None, "count_include_pad": 0, "ceil_mode": 1}),
+    ((1, 3, 10, 9), {"kernel_shape": [1, 1], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
 ])
 def test_average_pool_on_the_depthwise_kernel_matches_reference(rng, xshape, attrs):
+    """Three calls each on 1 and 2 threads: the first plans, the later ones run the kept plan."""
     from npurun.backends.cpu.ops import vision
     a = {"dilations": None, "ceil_mode": 0, "auto_pad": "NOTSET", **attrs}
-    x = nonzero_normal(rng, xshape)
-    got = vision._average_pool(PROG)(x, **a)
-    want = REF["average_pool"](x, **a)
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for threads in (1, 2):
+        prog = type("P", (), {"threads": threads})()
+        kernel = vision._average_pool(prog)
+        for _ in range(3):
+            x = nonzero_normal(rng, xshape)
+            got = kernel(x, **a)
+            want = REF["average_pool"](x, **a)
+            assert got.shape == want.shape and got.dtype == np.float32
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode,ctm,shape,size", [

@@ -1,4 +1,4 @@
-"""The cpu backend's small-tensor fast paths (cpu/ops/shape_fast.py: gather, slice,
+"""The cpu backend's small-tensor fast paths (cpu/ops/shape_fast.py: gather, slice, split,
 reduce_mean; cpu/ops/unsqueeze.py) and the 1-D conv's small path with a fused activation
 (cpu/ops/conv1d.py), against the reference kernels on fresh random non-zero inputs: same
 values, dtypes, shapes, and a view exactly where the reference returns one."""
@@ -29,6 +29,37 @@ def test_gather_matches_reference(rng, shape, axis, idx):
     _same(shape_fast._gather(x, idx, axis=axis), REF["gather"](x, idx, axis=axis))
     xi = rng.integers(1, 100, shape).astype(np.int64)  # shapes are int64 vectors
     _same(shape_fast._gather(xi, idx, axis=axis), REF["gather"](xi, idx, axis=axis))
+
+
+@pytest.mark.parametrize("axis,idx", [(0, np.array(3)), (0, np.array([0])), (1, np.array(1)), (-1, np.array([4])),
+                                      (2, np.array(0, np.int32))])
+def test_gather_from_a_strided_tensor_copies_only_what_it_reads(rng, axis, idx):
+    """A transposed sequence (not C-contiguous): basic indexing, copied (as take copies)."""
+    x = nonzero_normal(rng, (6, 2, 5)).transpose(2, 1, 0)[:, :, ::-1]
+    got, want = shape_fast._gather(x, idx, axis=axis), REF["gather"](x, idx, axis=axis)
+    _same(got, want)
+    assert not np.shares_memory(got, x)
+
+
+def test_gather_from_a_strided_tensor_out_of_range_still_raises(rng):
+    with pytest.raises(IndexError):
+        shape_fast._gather(nonzero_normal(rng, (4, 3)).T, np.array(3), axis=0)
+
+
+@pytest.mark.parametrize("shape,axis,sizes,num_outputs", [
+    ((3, 400), 1, np.array([100, 100, 100, 100]), 0), ((3, 400), -1, np.array([1, 0, 399]), 0), ((6, 5), 0, None, 3),
+    ((5, 4), 0, None, 2), ((5, 4), 0, None, 4),  # uneven: the last part shorter, or a negative one (reference)
+    ((2, 7, 3), 1, np.array([3, 4], np.int32), 0), ((4,), 0, np.array([1, 2]), 0),  # sizes not summing up: the reference
+])
+def test_split_matches_reference(rng, shape, axis, sizes, num_outputs):
+    x = nonzero_normal(rng, shape)
+    for src in (x, np.asfortranarray(x)):
+        got = shape_fast._split(src, sizes, axis=axis, num_outputs=num_outputs)
+        want = REF["split"](src, sizes, axis=axis, num_outputs=num_outputs)
+        assert type(got) is tuple and len(got) == len(want)
+        for g, w in zip(got, want):
+            _same(g, w)
+            assert np.shares_memory(g, src) == np.shares_memory(w, src)
 
 
 def test_gather_index_out_of_range_still_raises(rng):

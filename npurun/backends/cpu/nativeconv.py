@@ -159,6 +159,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         del scratch
         if final:
             cache[tuned] = algo
+            key = ("plan", x.shape, threads, isa, algo, act)  # (the key the next call looks up)
         else:  # not measured yet (a contended device): no plan, so a later call measures
             key = None
         if algo != "rule":

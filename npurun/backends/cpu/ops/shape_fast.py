@@ -1,4 +1,4 @@
-"""Small-tensor fast paths for shape-bookkeeping ops: `gather`, `slice`, `reduce_mean`.
+"""Small-tensor fast paths for shape-bookkeeping ops: `gather`, `slice`, `split`, `reduce_mean`.
 
 Exported graphs run these on tensors of a few elements every step (silero-vad: 5 gathers of
 a shape or of the recurrent state, 5 slices of the STFT, one mean per chunk), where the
@@ -30,8 +30,40 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 def _gather(x, indices, *, axis):
     # One non-negative index: the reference's np.where(indices < 0, ...) leaves it as is.
     if indices.size == 1 and indices.dtype.kind in "iu" and indices.reshape(-1)[0] >= 0:
+        if indices.ndim <= 1 and x.ndim > 0 and not x.flags.c_contiguous:
+            # np.take copies all of a strided x first (a transposed sequence): an unrolled
+            # LSTM's gather of step t from (T, N, 4H) cost ~80 us a step, ORT's ~8. The same
+            # element range by basic indexing, copied (what take gives, but only the part read).
+            i = int(indices.reshape(-1)[0])
+            ax = axis % x.ndim
+            if i >= x.shape[ax]:
+                return REF["gather"](x, indices, axis=axis)  # (its error)
+            return x[(slice(None),) * ax + ((i,) if indices.ndim == 0 else (slice(i, i + 1),))].copy()
         return x.take(indices, axis=axis)  # what np.take calls, without its Python wrapper
     return REF["gather"](x, indices, axis=axis)
+
+
+def _split(x, sizes=None, *, axis, num_outputs):
+    # np.split's own bookkeeping (array_split: swapaxes, a list of slices) cost ~35 us for four
+    # parts on a 2-vCPU VM, an unrolled LSTM's gates every step; the same views by basic slicing.
+    ax = axis % x.ndim if x.ndim else 0
+    if x.ndim == 0 or (sizes is not None and (sizes.ndim != 1 or sizes.dtype.kind not in "iu")):
+        return REF["split"](x, sizes, axis=axis, num_outputs=num_outputs)
+    n = x.shape[ax]
+    if sizes is None:
+        k = num_outputs or 1
+        step = -(-n // k)
+        parts = [min(step, n - i * step) for i in range(k)]
+    else:
+        parts = sizes.tolist()
+    if min(parts, default=0) < 0 or sum(parts) != n:
+        return REF["split"](x, sizes, axis=axis, num_outputs=num_outputs)
+    head = (slice(None),) * ax
+    out, at = [], 0
+    for p in parts:
+        out.append(x[head + (slice(at, at + p),)])
+        at += p
+    return tuple(out)
 
 
 def _slice(x, starts, ends, axes=None, steps=None):
@@ -71,5 +103,5 @@ def _reduce_mean(x, axes=None, *, keepdims, noop_with_empty_axes, threads=1):
     return np.asarray(s.dtype.type(s / count))
 
 
-KERNELS = {"gather": lambda program: _gather, "slice": lambda program: _slice,
+KERNELS = {"gather": lambda program: _gather, "slice": lambda program: _slice, "split": lambda program: _split,
            "reduce_mean": lambda program: functools.partial(_reduce_mean, threads=program.threads)}

@@ -20,7 +20,10 @@ and FPN upsampling) in NumPy with the work of the reference kernels' inner loops
   they are the reference kernel's own divisor, computed once on a probe of ones (with or
   without count_include_pad, ceil_mode's extra end padding never counted) and cached.
   PoolFormer's 3x3 stride-1 pools: ~2.3 -> ~0.5 ms each. A window larger than the padded
-  input is cropped to it first (the cells it loses are padding, which sums to 0).
+  input is cropped to it first (the cells it loses are padding, which sums to 0). Where every
+  window has the same count its reciprocal is in the weights (no second pass); a 1x1 window
+  without padding is a strided copy (NASNet's). The weights, the counts and the conv's plan are
+  kept per shape and attributes.
 - **resize, modes linear and cubic** (batch and channel axes kept): separable, each resized
   axis at a time as a sum of k taps (2 for linear, 4 for cubic, more with antialias) whose
   source indices and weights are the reference kernel's own (`_filter_taps`), computed once
@@ -118,47 +121,81 @@ def _max_pool_s1(xp, kh, kw, ho, wo):
     return full.reshape(n, c, hp, wp)[:, :, :ho, :wo].copy()
 
 
-_counts: dict = {}  # (shape, attributes) -> 1 / count per output pixel
+_pools: dict = {}  # (shape, threads, attributes) -> _pool_plan's answer
 
 
 def _average_pool(program):
     from .. import native, nativeconv
 
     def average_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad, count_include_pad):
-        a = dict(kernel_shape=kernel_shape, strides=strides, pads=pads, dilations=dilations, ceil_mode=ceil_mode,
-                 auto_pad=auto_pad, count_include_pad=count_include_pad)
-        if native.LIB is None or x.ndim != 4 or x.dtype != np.float32 or len(kernel_shape) != 2 \
-                or (dilations and any(d != 1 for d in dilations)) or x.size == 0:
-            # (an empty input too: its per-channel weights would be allocated for nothing, and
-            # a (0, 2^31 - 1, 28, 28) input asked for 72 GiB of them; found by `make fuzz`)
-            return REF["average_pool"](x, **a)
-        begin, end, (ho, wo), st, _ = _window_pads(x.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-        if min(*begin, *end) < 0:
-            return REF["average_pool"](x, **a)
-        # A window reaching past the input's far edge sums only zeros there, so the kernel is
-        # cropped to what the first window can see (HF EfficientNet's head pools a 7x7 map
-        # with a 1280x1280 ceil_mode window: 4 GFLOP uncropped, 63 kFLOP cropped).
-        ks, end = list(kernel_shape), list(end)
-        for i, n in enumerate(x.shape[2:]):
-            if ks[i] > n + begin[i]:
-                ks[i] = n + begin[i]
-                end[i] = max(0, ((ho, wo)[i] - 1) * st[i] + ks[i] - begin[i] - n)
-        key = (x.shape[2:], repr(sorted(a.items())))
-        inv = _counts.get(key)
-        if inv is None:  # the reference's own divisor: the average of ones times the window size
-            ones = np.ones((1, 1) + x.shape[2:], np.float32)
-            cnt = REF["average_pool"](ones, **{**a, "kernel_shape": kernel_shape})  # = count / count
-            total = nativeconv.conv2d(ones, np.ones((1, 1, *ks), np.float32), None,
-                                      _conv_attrs(begin, end, st), None, None, 1, {})
-            inv = (cnt / total).astype(np.float32)  # 1 / count
-            if len(_counts) >= CACHE:
-                _counts.clear()
-            _counts[key] = inv
-        c = x.shape[1]
-        y = nativeconv.conv2d(native.contiguous(x), np.ones((c, 1, *ks), np.float32), None,
-                              {**_conv_attrs(begin, end, st), "group": c}, None, None, program.threads, {})
-        return np.multiply(y, inv, out=y)
+        # The depthwise conv's weights, attributes and plan are kept per shape and attributes:
+        # made on every call, packing and planning cost more than the pool itself (PoolFormer's
+        # 3x3 pools on (1, 64, 56, 56): ~400 us a call, ~230 planned once).
+        key = (x.shape, x.dtype, program.threads, tuple(kernel_shape), strides and tuple(strides),
+               pads and tuple(pads), dilations and tuple(dilations), ceil_mode, auto_pad, count_include_pad)
+        hit = _pools.get(key)
+        if hit is None:
+            a = dict(kernel_shape=kernel_shape, strides=strides, pads=pads, dilations=dilations,
+                     ceil_mode=ceil_mode, auto_pad=auto_pad, count_include_pad=count_include_pad)
+            hit = _pool_plan(x, a, native.LIB is not None)
+            if len(_pools) >= CACHE:
+                _pools.clear()
+            _pools[key] = hit
+        if hit is None:
+            return REF["average_pool"](x, kernel_shape=kernel_shape, strides=strides, pads=pads, dilations=dilations,
+                                       ceil_mode=ceil_mode, auto_pad=auto_pad, count_include_pad=count_include_pad)
+        w, attrs, cache, inv = hit
+        if w is None:  # a 1x1 window without padding: every average is one pixel (attrs: the strides)
+            return x[:, :, ::attrs[0], ::attrs[1]].copy()
+        x = native.contiguous(x)
+        plan = cache.get(("memo", x.shape))
+        y = plan(x) if plan is not None else nativeconv.conv2d(x, w, None, attrs, None, None, program.threads, cache,
+                                                              memo=True)
+        return y if inv is None else np.multiply(y, inv, out=y)
     return average_pool
+
+
+def _pool_plan(x, a, compiled: bool):
+    """How the cpu backend runs an average pool of x's shape and attributes `a`: None for the
+    reference kernel (no compiled kernels, not 2-D float32, a dilation, a negative pad, an empty
+    input), else (weights, conv attributes, conv cache, 1 / count per output pixel or None)
+    for a depthwise conv, or (None, strides, None, None) for a 1x1 window with no padding."""
+    from .. import nativeconv
+    ks = a["kernel_shape"]
+    if not compiled or x.ndim != 4 or x.dtype != np.float32 or len(ks) != 2 or x.size == 0 \
+            or (a["dilations"] and any(d != 1 for d in a["dilations"])):
+        # (an empty input too: its per-channel weights would be allocated for nothing, and
+        # a (0, 2^31 - 1, 28, 28) input asked for 72 GiB of them; found by `make fuzz`)
+        return None
+    begin, end, (ho, wo), st, _ = _window_pads(x.shape, ks, a["strides"], a["dilations"], a["pads"],
+                                               a["auto_pad"], a["ceil_mode"])
+    if min(*begin, *end) < 0:
+        return None
+    if tuple(ks) == (1, 1) and max(*begin, *end) == 0 and x[0, 0, ::st[0], ::st[1]].shape == (ho, wo):
+        return None, tuple(st), None, None  # (NASNet's 1x1 stride-2 pools: 0.46 ms as a conv, ORT 0.05)
+    # A window reaching past the input's far edge sums only zeros there, so the kernel is
+    # cropped to what the first window can see (HF EfficientNet's head pools a 7x7 map
+    # with a 1280x1280 ceil_mode window: 4 GFLOP uncropped, 63 kFLOP cropped).
+    ks, end = list(ks), list(end)
+    for i, n in enumerate(x.shape[2:]):
+        if ks[i] > n + begin[i]:
+            ks[i] = n + begin[i]
+            end[i] = max(0, ((ho, wo)[i] - 1) * st[i] + ks[i] - begin[i] - n)
+    # the reference's own divisor: the average of ones times the window size
+    ones = np.ones((1, 1) + x.shape[2:], np.float32)
+    cnt = REF["average_pool"](ones, **a)  # = count / count
+    total = nativeconv.conv2d(ones, np.ones((1, 1, *ks), np.float32), None, _conv_attrs(begin, end, st),
+                              None, None, 1, {})
+    # 1 / count; a window wholly in the padding sums nothing (total 0): its average is the
+    # reference's there (0 where padding counts, NaN where its count is 0), not 0 / 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inv = np.where(total != 0, cnt / total, cnt).astype(np.float32)
+    c = x.shape[1]
+    w = np.ones((c, 1, *ks), np.float32)
+    if (inv == inv.flat[0]).all():  # one count everywhere: the weights hold its reciprocal, no second pass
+        w *= inv.flat[0]
+        inv = None
+    return w, {**_conv_attrs(begin, end, st), "group": c}, {}, inv
 
 
 def _conv_attrs(begin, end, strides):
