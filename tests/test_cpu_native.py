@@ -259,6 +259,13 @@ def test_flat_chosen_keeps_winograd_and_big_images():
     assert not nativeconv.flat_chosen(96, 24, 1, geo3, 80, 80, "avx512", 2)
     assert not nativeconv.flat_chosen(16, 16, 1, geo3, 720, 1280, "avx512")   # ESPCN-sized: unchanged
     assert not nativeconv.flat_chosen(8, 8, 2, geo3, 20, 20, "avx512")        # grouped
+    # AVX2: small convs only (below convtune's range), not many-to-few pointwise ones
+    geo5, geo1 = (5, 5, 1, 1, 1, 1, 2, 2), (1, 1, 1, 1, 1, 1, 0, 0)
+    assert nativeconv.flat_chosen(1, 6, 1, geo5, 28, 28, "avx2")               # LeNet's first conv
+    assert nativeconv.flat_chosen(576, 24, 1, geo1, 1, 1, "avx2", 2)           # an SE block's
+    assert not nativeconv.flat_chosen(256, 4, 1, geo1, 28, 28, "avx2")
+    assert not nativeconv.flat_chosen(16, 16, 1, geo3, 720, 1280, "avx2")
+    assert not nativeconv.flat_chosen(6, 16, 2, geo5, 10, 10, "avx2")          # grouped
 
 
 def test_native_conv_of_a_strided_view(rng):

@@ -444,8 +444,17 @@ def flat_chosen(c: int, m: int, group: int, geo: tuple, ho: int, wo: int, isa: s
     Python pool do not (2 threads, 64->64 on 40x40: 0.44 against 0.50 ms). AVX-512 only: the AVX2
     build (8 x 1-vector tiles, ~80 GFLOP/s) lost to the AVX2 Winograd and implicit GEMM on
     most of YOLOv8n's shapes (docs/cpu.md, "Small-image convs"). Measured on YOLOv8n's 63 convs
-    at 1 thread, AVX-512: 14.1 ms in all (the previous choice 19.8, ORT 14.3)."""
-    if isa != "avx512" or group != 1 or ho * wo > FLAT_MAX_PIXELS:
+    at 1 thread, AVX-512: 14.1 ms in all (the previous choice 19.8, ORT 14.3).
+    On AVX2, small convs only (under TUNE_MIN_FLOPS, which convtune leaves to this rule): there
+    the implicit GEMM's set-up per band outweighs its tiles, and flat ran 446 dense shapes
+    (C 1-256, M 1-128, 1x1/3x3/5x5, maps 1-28) in a median 0.31 of its time, 1 thread (LeNet's
+    5x5 convs 66 -> 18 us, ORT 34; an SE block's 576->24 on a 1x1 map 39 -> 14, ORT 25),
+    except pointwise convs to a few channels from many (256->4 on 28x28: 1.41x), left to it."""
+    if isa != "avx512":
+        kh, kw = geo[:2]
+        return group == 1 and 2 * c * m * kh * kw * ho * wo < convtune.TUNE_MIN_FLOPS \
+            and not (kh * kw == 1 and m < 8 and c >= 64)
+    if group != 1 or ho * wo > FLAT_MAX_PIXELS:
         return False
     return not (winograd.chosen(c, m, group, geo, ho, wo, isa) and c >= 32
                 and ho * wo >= (1600 if threads == 1 else 1601))
