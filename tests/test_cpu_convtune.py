@@ -115,6 +115,23 @@ def test_transposed_pointwise_conv_matches_reference(case, threads, rng):
         nativeconv.conv2d(x, w, b, _attrs({"pads": [1, 0, 0, 0]}), None, None, threads, {}, None, "tgemm")
 
 
+@pytest.mark.parametrize("algo", ["gemm", "tgemm"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_planned_gemm_conv_reads_each_calls_own_arrays(algo, threads, rng):
+    """gemm and tgemm plans bind their kernel calls once (native.bound): later calls through a
+    node's memo (conv_step) must read their own input and write a fresh output."""
+    xs, ws = (2, 24, 6, 5), (40, 24, 1, 1)
+    w, b = nonzero_normal(rng, ws) * 0.1, nonzero_normal(rng, ws[:1])
+    cache, outs = {}, []
+    for _ in range(4):
+        x = nonzero_normal(rng, xs)
+        y = nativeconv.conv2d(x, w, b, _attrs({}), "relu", {}, threads, cache, None, algo, memo=True)
+        np.testing.assert_allclose(y, np.maximum(KERNELS["conv"](x, w, b, **_attrs({})), 0), rtol=1e-4, atol=1e-5)
+        assert all(not np.shares_memory(y, o) for o in outs)
+        outs.append(y)
+    assert ("memo", xs) in cache
+
+
 TUNED = [  # big enough to be measured, each with several candidates
     ((1, 32, 20, 20), (48, 32, 3, 3), {"pads": [1, 1, 1, 1]}),   # 3x3: + winograd
     ((1, 64, 14, 14), (96, 64, 1, 1), {}),                        # 1x1

@@ -181,11 +181,11 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         return _plan(cache, key, act_attrs, attrs, x, _depthwise_plan(
             x.shape, yshape, w, b, geo, epi, threads, cache, kind, flops))
     if algo is None and min(*begin, *end) >= 0 and batch_gemm_chosen(n, c, m, group, geo, ho, wo):
-        return _plan(cache, key, act_attrs, attrs, x, lambda x: _gemm(
-            x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops))
+        return _plan(cache, key, act_attrs, attrs, x, _gemm_plan(x.shape, yshape, w, b, geo, end, epi, threads,
+                                                                 cache, flops))
     if algo is None and threads == 1 and sgemm_pointwise(c, m, group, geo, ho, wo):
-        return _plan(cache, key, act_attrs, attrs, x, lambda x: _gemm(
-            x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops))
+        return _plan(cache, key, act_attrs, attrs, x, _gemm_plan(x.shape, yshape, w, b, geo, end, epi, threads,
+                                                                 cache, flops))
     if algo == "flat" or (algo is None and min(*begin, *end) >= 0
                           and flat_chosen(c, m, group, geo, ho, wo, isa or native.ISA, threads)):
         if group != 1:
@@ -198,14 +198,13 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
                           and gemm_chosen(c, m, group, geo, ho, wo)):
         if group != 1:
             raise BackendError(f"cpu conv: algo='gemm' needs a dense conv (group 1), got group {group}")
-        return _plan(cache, key, act_attrs, attrs, x, lambda x: _gemm(
-            x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops))
+        return _plan(cache, key, act_attrs, attrs, x, _gemm_plan(x.shape, yshape, w, b, geo, end, epi, threads,
+                                                                 cache, flops))
     if algo == "tgemm":
         if group != 1 or not pointwise(geo, (h, wd), (ho, wo)):
             raise BackendError(f"cpu conv: algo='tgemm' needs a 1x1 stride-1 unpadded dense conv, "
                                f"got weights {tuple(w.shape)}, group {group}, strides {(sh, sw)}, pads {begin}")
-        return _plan(cache, key, act_attrs, attrs, x, lambda x: _tgemm(
-            x, w, b, *epi, empty(yshape), cache, threads, flops))
+        return _plan(cache, key, act_attrs, attrs, x, _tgemm_plan(x.shape, yshape, w, b, epi, threads, cache, flops))
     if algo == "smallc" or (algo is None and min(*begin, *end) >= 0
                             and smallc_chosen(c, m, group, geo, isa or native.ISA)):
         if group != 1 or geo[2:6] != (1, 1, 1, 1) or min(*begin, *end) < 0:
@@ -550,8 +549,19 @@ def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache, threads=1, flops=0.0):
     a core from the next kernel's pool workers (PP-OCRv4 det: a Winograd conv right after BLAS
     convs ran 2x its time), and a product there has no preemption points. Pieces on a
     contended device: ranges of panels (each computed as in the whole call: bit-identical)."""
-    n, c, h, wd = x.shape
-    m, ho, wo = y.shape[1:]
+    args, panels = _gemm_args(x.shape, y.shape, w, b, geo, (code, alpha, beta), cache, threads)
+    cut = pieces.cut(panels, flops * x.shape[0] / (PIECE_FLOPS * threads), cal=cache)
+    for p0, p1 in pieces.each(cut):
+        a = args(p0, p1)
+        _check(LIB.npr_im2col_gemm_mt(ptr(x), *a[1:18], ptr(y), *a[19:]))
+    return y
+
+
+def _gemm_args(xshape, yshape, w, b, geo, epi, cache, threads):
+    """(args(p0, p1): npr_im2col_gemm_mt's arguments for panels [p0, p1), x and y left None
+    (slots 0 and 18); the number of panels). [W | bias] packed once into the node's cache."""
+    n, c, h, wd = xshape
+    m, ho, wo = yshape[1:]
     kh, kw, sh, sw, dh, dw, pt, pl = geo
     if pointwise(geo, (h, wd), (ho, wo)):
         # a pointwise conv reads each channel's plane whole: one row of h*w pixels, so the
@@ -563,16 +573,31 @@ def _gemm(x, w, b, geo, end, code, alpha, beta, y, cache, threads=1, flops=0.0):
         wb[:, :k] = w.reshape(m, k)
         wb[:, k] = 0 if b is None else b
         cache["gemm"] = wb
-    wb = cache["gemm"]
+    wp = ptr(cache["gemm"])
     isa = native.ISA
     nr = getattr(LIB, f"npr_gemm_nr_{isa}")()
-    panels = -(-(n * ho * wo) // nr)
-    cut = pieces.cut(panels, flops * n / (PIECE_FLOPS * threads), cal=cache)
-    for p0, p1 in pieces.each(cut):
-        _check(LIB.npr_im2col_gemm_mt(ptr(x), n, c, h, wd, ptr(wb), m, kh, kw, sh, sw, dh, dw, pt, pl,
-                                      code, alpha, beta, ptr(y), ho, wo, int(isa == "avx512"), nr, p0, p1,
-                                      threads, max(1, min(threads * 4, p1 - p0)) if threads > 1 else 1))
-    return y
+
+    def args(p0, p1):
+        return (None, n, c, h, wd, wp, m, kh, kw, sh, sw, dh, dw, pt, pl, *epi, None, ho, wo, int(isa == "avx512"),
+                nr, p0, p1, threads, max(1, min(threads * 4, p1 - p0)) if threads > 1 else 1)
+    return args, -(-(n * ho * wo) // nr)
+
+
+def _gemm_plan(xshape, yshape, w, b, geo, end, epi, threads, cache, flops):
+    """run(x) -> y: _gemm's one call bound once (native.bound: a call's 27 arguments are not
+    converted on every run); pieces on a contended device through _gemm itself."""
+    args, panels = _gemm_args(xshape, yshape, w, b, geo, epi, cache, threads)
+    whole = native.bound(LIB.npr_im2col_gemm_mt, args(0, panels), 0, 18)
+    secs = flops * xshape[0] / (PIECE_FLOPS * threads)
+
+    def run(x):
+        y = empty(yshape)
+        if pieces.wanted(secs, cache):
+            return _gemm(x, w, b, geo, end, *epi, y, cache, threads, flops)
+        _check(whole(x, y))
+        return y
+    run.packed = cache["gemm"]  # kept alive with the plan (the bound call holds its address)
+    return run
 
 
 def _tgemm(x, w, b, code, alpha, beta, y, cache, threads=1, flops=0.0):
@@ -582,9 +607,26 @@ def _tgemm(x, w, b, code, alpha, beta, y, cache, threads=1, flops=0.0):
     activation over each piece's channels after it. For small maps, where the im2col GEMM's
     16-pixel panels run part empty (7x7: 64 columns for 49 pixels) and it packs the input each
     call; convtune measures it against the others."""
-    n, c, h, wd = x.shape
-    m = y.shape[1]
-    p = h * wd
+    n, m = x.shape[0], y.shape[1]
+    args, panels, nr = _tgemm_args(x.shape, y.shape, w, b, cache, threads)
+    cut = pieces.cut(panels, flops * n / (PIECE_FLOPS * threads), cal=cache)
+    for p0, p1 in pieces.each(cut):
+        a = args(p0, p1)
+        LIB.npr_tconv_range_mt(a[0], ptr(x), a[2], ptr(y), *a[4:])
+        if code:
+            c0, c1 = p0 * nr, min(p1 * nr, m)
+            for i in range(n):
+                part = y[i, c0:c1]  # (channels c0..c1 of image i: one contiguous block)
+                LIB.npr_activation(ptr(part), ptr(part), part.size, code, alpha, beta)
+    return y
+
+
+def _tgemm_args(xshape, yshape, w, b, cache, threads):
+    """(args(p0, p1): npr_tconv_range_mt's arguments for channel panels [p0, p1), x and y left
+    None (slots 1 and 3); the number of panels; the panel width). W^T and the bias packed once
+    into the node's cache."""
+    n, c, h, wd = xshape
+    m = yshape[1]
     isa = native.ISA
     nr = getattr(LIB, f"npr_gemm_nr_{isa}")()
     panels = -(-m // nr)
@@ -596,17 +638,33 @@ def _tgemm(x, w, b, code, alpha, beta, y, cache, threads=1, flops=0.0):
         if b is not None:
             bias[:m] = b
         cache["tgemm"] = (bp, bias)
-    bp, bias = cache["tgemm"]
-    cut = pieces.cut(panels, flops * n / (PIECE_FLOPS * threads), cal=cache)
-    for p0, p1 in pieces.each(cut):
-        LIB.npr_tconv_range_mt(int(isa == "avx512"), ptr(x), ptr(bp), ptr(y), ptr(bias), n, p, c, m, p0, p1,
-                               threads, max(1, min(threads * 2, p1 - p0)) if threads > 1 else 1)
-        if code:
-            c0, c1 = p0 * nr, min(p1 * nr, m)
-            for i in range(n):
-                part = y[i, c0:c1]  # (channels c0..c1 of image i: one contiguous block)
-                LIB.npr_activation(ptr(part), ptr(part), part.size, code, alpha, beta)
-    return y
+    bp, bias = (ptr(a) for a in cache["tgemm"])
+
+    def args(p0, p1):
+        return (int(isa == "avx512"), None, bp, None, bias, n, h * wd, c, m, p0, p1, threads,
+                max(1, min(threads * 2, p1 - p0)) if threads > 1 else 1)
+    return args, panels, nr
+
+
+def _tgemm_plan(xshape, yshape, w, b, epi, threads, cache, flops):
+    """run(x) -> y: _tgemm's product and its activation (over all of y when it runs whole)
+    bound once; pieces on a contended device through _tgemm itself."""
+    args, panels, _ = _tgemm_args(xshape, yshape, w, b, cache, threads)
+    whole = native.bound(LIB.npr_tconv_range_mt, args(0, panels), 1, 3)
+    size = int(np.prod(yshape))
+    act = native.bound(LIB.npr_activation, (None, None, size, *epi), 0, 1) if epi[0] else None
+    secs = flops * xshape[0] / (PIECE_FLOPS * threads)
+
+    def run(x):
+        y = empty(yshape)
+        if pieces.wanted(secs, cache):
+            return _tgemm(x, w, b, *epi, y, cache, threads, flops)
+        whole(x, y)
+        if act is not None:
+            act(y, y)
+        return y
+    run.packed = cache["tgemm"]  # kept alive with the plan (the bound calls hold their addresses)
+    return run
 
 
 def pointwise(geo: tuple, in_hw: tuple, out_hw: tuple) -> bool:
