@@ -115,18 +115,28 @@ def test_transposed_pointwise_conv_matches_reference(case, threads, rng):
         nativeconv.conv2d(x, w, b, _attrs({"pads": [1, 0, 0, 0]}), None, None, threads, {}, None, "tgemm")
 
 
-@pytest.mark.parametrize("algo", ["gemm", "tgemm"])
+PLANNED = [  # algo, input, weights, attributes: each plan's bound calls (one image: direct, Winograd)
+    ("gemm", (2, 24, 6, 5), (40, 24, 1, 1), {}), ("tgemm", (2, 24, 6, 5), (40, 24, 1, 1), {}),
+    ("gemm", (1, 8, 9, 11), (12, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("direct", (1, 8, 9, 11), (12, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("direct", (1, 16, 20, 20), (24, 16, 1, 1), {}),  # a pointwise conv's flat row
+    ("winograd", (1, 16, 13, 10), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+]
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_planned_gemm_conv_reads_each_calls_own_arrays(algo, threads, rng):
-    """gemm and tgemm plans bind their kernel calls once (native.bound): later calls through a
-    node's memo (conv_step) must read their own input and write a fresh output."""
-    xs, ws = (2, 24, 6, 5), (40, 24, 1, 1)
+@pytest.mark.parametrize("case", range(len(PLANNED)))
+def test_a_planned_conv_reads_each_calls_own_arrays(case, threads, rng, monkeypatch):
+    """Plans bind their kernel calls once (native.bound): later calls through a node's memo
+    (conv_step) must read their own input and write a fresh output."""
+    algo, xs, ws, a = PLANNED[case]
+    monkeypatch.setattr(nativeconv, "MIN_FLOPS_PER_BAND", 1)  # several bands even for these small convs
     w, b = nonzero_normal(rng, ws) * 0.1, nonzero_normal(rng, ws[:1])
     cache, outs = {}, []
     for _ in range(4):
         x = nonzero_normal(rng, xs)
-        y = nativeconv.conv2d(x, w, b, _attrs({}), "relu", {}, threads, cache, None, algo, memo=True)
-        np.testing.assert_allclose(y, np.maximum(KERNELS["conv"](x, w, b, **_attrs({})), 0), rtol=1e-4, atol=1e-5)
+        y = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, threads, cache, None, algo, memo=True)
+        np.testing.assert_allclose(y, np.maximum(KERNELS["conv"](x, w, b, **_attrs(a)), 0), rtol=1e-4, atol=1e-4)
         assert all(not np.shares_memory(y, o) for o in outs)
         outs.append(y)
     assert ("memo", xs) in cache

@@ -216,10 +216,10 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         if group != 1 or geo[:6] != (3, 3, 1, 1, 1, 1):
             raise BackendError(f"cpu conv: algo='winograd' needs a 3x3 stride-1 dilation-1 dense conv, "
                                f"got weights {tuple(w.shape)}, group {group}, strides {(sh, sw)}, dilations {(dh, dw)}")
-        return _plan(cache, key, act_attrs, attrs, x, lambda x: _winograd(
-            x, w, b, geo, *epi, empty(yshape), threads, cache, isa, flops))
-    return _plan(cache, key, act_attrs, attrs, x, lambda x: _direct(
-        x, empty(yshape), w, b, group, geo, epi, threads, cache, isa, flops))
+        return _plan(cache, key, act_attrs, attrs, x, _winograd_plan(x.shape, yshape, w, b, geo, epi, threads, cache,
+                                                                     isa, flops))
+    return _plan(cache, key, act_attrs, attrs, x, _direct_plan(x.shape, yshape, w, b, group, geo, epi, threads, cache,
+                                                               isa, flops))
 
 
 F32 = np.dtype(np.float32)
@@ -383,6 +383,46 @@ def _direct(x, y, w, b, group, geo, epi, threads, cache, isa, flops):
                       *epi, ptr(y[i, g * mg:]), ho, wo, r0, r1, 0, nt))
     _run(run, jobs, pieced=len(cut) > 1)
     return y
+
+
+def _direct_plan(xshape, yshape, w, b, group, geo, epi, threads, cache, isa, flops):
+    """run(x) -> y for one image of a dense conv: _direct's calls bound once (native.bound); a
+    batch, groups, a pointwise conv's several bands of pixels, or pieces on a contended device,
+    through _direct."""
+    def general(x):
+        return _direct(x, empty(yshape), w, b, group, geo, epi, threads, cache, isa, flops)
+    n, c, h, wd = xshape
+    m, ho, wo = yshape[1:]
+    flat = pointwise(geo, (h, wd), (ho, wo))
+    rows = max(1, ho * wo // 64) if flat else ho
+    bands = _bands(rows, threads, flops)
+    if n > 1 or group > 1 or (flat and len(bands) > 1 and threads == 1):
+        return general
+    if "packed" not in cache:
+        cache["packed"] = pack(w, b, group)
+    wp, bp = (ptr(a) for a in cache["packed"][0])
+    nt = int(4 * m * ho * wo >= STREAM_BYTES)
+    if threads > 1 and len(bands) > 1:  # (as _direct: x and y at slots 0 and 18)
+        mt = getattr(LIB, f"npr_conv2d_{isa or native.ISA}_mt")
+        calls = [native.bound(mt, (None, c, h, wd, wp, bp, m, *geo, *epi, None, ho, wo, nt, int(flat), threads,
+                                   len(bands), 0, rows), 0, 18)]
+    elif flat:  # the one band of the flat row: _flat_band's call over all ho * wo pixels
+        calls = [native.bound(native.conv2d_fn(isa), (None, c, 1, ho * wo, wp, bp, m, 1, 1, 1, 1, 1, 1, 0, 0, *epi,
+                                                      None, 1, ho * wo, 0, 1, ho * wo, nt), 0, 18)]
+    else:
+        calls = [native.bound(native.conv2d_fn(isa), (None, c, h, wd, wp, bp, m, *geo, *epi, None, ho, wo, r0, r1,
+                                                      0, nt), 0, 18) for r0, r1 in bands]
+    secs = flops / (PIECE_FLOPS * threads)
+
+    def run(x):
+        if not flat and pieces.wanted(secs, cache):
+            return general(x)
+        y = empty(yshape)
+        for call in calls:
+            _check(call(x, y))
+        return y
+    run.packed = cache["packed"]  # kept alive with the plan (the bound calls hold their addresses)
+    return run
 
 
 # Groups at least this wide run as one dense conv each (RegNet's 64-wide groups: the grouped
@@ -720,6 +760,41 @@ def _winograd(x, w, b, geo, code, alpha, beta, y, threads, cache, isa, flops):
                   ptr(y[i]), ho, wo, r0, r1, nt))
     _run(run, jobs, pieced=len(cut) > 1)
     return y
+
+
+def _winograd_plan(xshape, yshape, w, b, geo, epi, threads, cache, isa, flops):
+    """run(x) -> y for one image: _winograd's calls bound once (native.bound); a batch, or
+    pieces on a contended device, through _winograd."""
+    def general(x):
+        return _winograd(x, w, b, geo, *epi, empty(yshape), threads, cache, isa, flops)
+    n, c, h, wd = xshape
+    m, ho, wo = yshape[1:]
+    if n > 1:
+        return general
+    fn, mr = native.wino_fn(isa)
+    if ("wino", mr) not in cache:
+        cache["wino", mr] = winograd.pack(w, b, mr)
+    u, bias = (ptr(a) for a in cache["wino", mr])
+    tiles = -(-ho // 4)
+    bands = _bands(tiles, threads, flops / 4)
+    nt = int(4 * m * ho * wo >= STREAM_BYTES)
+    mt = getattr(LIB, f"npr_wino_{isa or native.ISA}_mt", None)
+    pre = (None, c, h, wd, u, bias, m, geo[6], geo[7], *epi, None, ho, wo)  # (x and y at slots 0 and 12)
+    if threads > 1 and len(bands) > 1 and mt is not None:
+        calls = [native.bound(mt, (*pre, 0, tiles, nt, threads, len(bands)), 0, 12)]
+    else:
+        calls = [native.bound(fn, (*pre, r0, r1, nt), 0, 12) for r0, r1 in bands]
+    secs = flops / (WINO_SPEEDUP * PIECE_FLOPS * threads)
+
+    def run(x):
+        if pieces.wanted(secs, cache):
+            return general(x)
+        y = empty(yshape)
+        for call in calls:
+            _check(call(x, y))
+        return y
+    run.packed = cache["wino", mr]  # kept alive with the plan (the bound calls hold their addresses)
+    return run
 
 
 def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flops):
