@@ -72,9 +72,55 @@ void GEMM_PACK(const float *B, float *Bp, long K, long N)
 
 int GEMM_NR(void) { return 2 * VL; }
 
+/* One row of A against up to 4 panels at once (a matrix-vector product: LLM decode, a
+ * classifier head, a squeeze-excite layer). GEMM_TILE on one row computes MR rows (the missing
+ * ones read the last again): 6x the FMAs on AVX2, and its 2 accumulators of the one real row
+ * are 2 dependent chains. Here 2 per panel for 4 panels, 8 chains; each output is still
+ * the sum over k in order from 0, so its bits are GEMM_TILE's (a row computed alone or in a
+ * block gives the same floats). */
+static inline __attribute__((always_inline)) void GEMV_PANELS(const float *A, long K, const float *Bp,
+        float *C, long N, long col, int np, const float *bias, const float *R)
+{
+    VEC c[8];
+    const float *b[4];
+    for (int j = 0; j < 4; j++) {
+        c[2 * j] = VZERO(); c[2 * j + 1] = VZERO();
+        b[j] = Bp + (j < np ? j : 0) * K * 2 * VL;
+    }
+#pragma GCC unroll 2
+    for (long k = 0; k < K; k++) {
+        VEC av = VSET1(A[k]);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            c[2 * j] = VFMA(av, VLOAD(b[j] + k * 2 * VL), c[2 * j]);
+            c[2 * j + 1] = VFMA(av, VLOAD(b[j] + k * 2 * VL + VL), c[2 * j + 1]);
+        }
+    }
+    for (int j = 0; j < np; j++) {
+        long cj = col + j * 2 * VL;
+        int nc = (int)(N - cj < 2 * VL ? N - cj : 2 * VL);
+        float t[2 * VL];
+        VSTORE(t, c[2 * j]);
+        VSTORE(t + VL, c[2 * j + 1]);
+        for (int i = 0; i < nc; i++) {
+            float v = t[i];
+            if (bias) v = v + bias[cj + i];
+            if (R) v = v + R[cj + i];
+            C[cj + i] = v;
+        }
+    }
+}
+
 void GEMM(const float *A, const float *Bp, float *C, const float *bias, const float *R,
           long M, long K, long N, long p0, long p1)
 {
+    if (M == 1) {
+        for (long p = p0; p < p1; p += 4) {
+            int np = (int)(p1 - p < 4 ? p1 - p : 4);
+            GEMV_PANELS(A, K, Bp + p * K * 2 * VL, C, N, p * 2 * VL, np, bias, R);
+        }
+        return;
+    }
     for (long p = p0; p < p1; p++) {
         long col = p * 2 * VL;
         int nc = (int)(N - col < 2 * VL ? N - col : 2 * VL);

@@ -278,6 +278,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define VFMA _mm256_fmadd_ps
 #define VZERO _mm256_setzero_ps
 #define GEMM_TILE gemm_tile_avx2
+#define GEMV_PANELS gemv_panels_avx2
 #define GEMM_PACK npr_gemm_pack_avx2
 #define GEMM_NR npr_gemm_nr_avx2
 #define GEMM npr_gemm_avx2
@@ -297,6 +298,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #undef VFMA
 #undef VZERO
 #undef GEMM_TILE
+#undef GEMV_PANELS
 #undef GEMM_PACK
 #undef GEMM_NR
 #undef GEMM
@@ -319,6 +321,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define VFMA _mm512_fmadd_ps
 #define VZERO _mm512_setzero_ps
 #define GEMM_TILE gemm_tile_avx512
+#define GEMV_PANELS gemv_panels_avx512
 #define GEMM_PACK npr_gemm_pack_avx512
 #define GEMM_NR npr_gemm_nr_avx512
 #define GEMM npr_gemm_avx512

@@ -192,6 +192,24 @@ def test_packed_sgemm_with_bias_and_residual(rng, monkeypatch, case, threads, is
 
 @pytest.mark.parametrize("isa", native.conv_isas())
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("k,n", [(1, 3), (70, 47), (64, 200), (300, 1000)])
+def test_a_row_alone_gives_its_bits_in_a_block(rng, monkeypatch, k, n, threads, isa):
+    """One row (a matrix-vector product: tr_gemm_tpl.h's GEMV_PANELS, several panels at once)
+    sums each output as the block's tiles do: every row of a 7-row product, run alone, gives
+    the same floats, with the bias and the residual; the reference's values too."""
+    monkeypatch.setattr(native, "ISA", isa)
+    a, b = nonzero_normal(rng, (7, k)), nonzero_normal(rng, (k, n))
+    bias, res = nonzero_normal(rng, (n,)), nonzero_normal(rng, (7, n))
+    cache = {}
+    block = MM.linear(prog(threads), a, b, cache, [bias, res])
+    np.testing.assert_allclose(block, _want(a, b, [bias, res]), rtol=1e-5, atol=2e-5 * np.sqrt(k))
+    for i in range(7):
+        alone = MM.linear(prog(threads), a[i:i + 1], b, cache, [bias, res[i:i + 1]])
+        np.testing.assert_array_equal(alone, block[i:i + 1])
+
+
+@pytest.mark.parametrize("isa", native.conv_isas())
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", MATMULS)
 def test_int8_weights_run_packed_as_int8_with_the_same_result(rng, case, threads, isa, monkeypatch):
     monkeypatch.setattr(native, "ISA", isa)
