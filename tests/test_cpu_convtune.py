@@ -87,6 +87,20 @@ def test_gemm_conv_in_groups_of_panels(case, threads, rng):
     assert np.array_equal(whole, other)
 
 
+@pytest.mark.parametrize("width", [16, 17, 23, 31, 32, 33, 47])
+@pytest.mark.parametrize("k,pad,dil", [(3, 1, 1), (3, 0, 1), (5, 2, 1), (3, 2, 2), (1, 0, 1)])
+def test_stride_2_im2col_gathers_match_reference(width, k, pad, dil, rng):
+    """im2col_gemm.c's columns of a stride-2 conv: rows of every parity and length, padding on
+    either side, dilations, a batch."""
+    x = nonzero_normal(rng, (2, 5, 9, width))
+    w = nonzero_normal(rng, (12, 5, k, k)) * 0.3
+    b = nonzero_normal(rng, (12,))
+    a = {"strides": [2, 2], "pads": [pad] * 4, "dilations": [dil, dil]}
+    want = KERNELS["conv"](x, w, b, **_attrs(a))
+    got = nativeconv.conv2d(x, w, b, _attrs(a), None, None, 1, {}, None, "gemm")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 TGEMM = [  # pointwise convs as the transposed product: pixels off the 6-row block, channels off the panel
     ((1, 300, 7, 7), (37, 300, 1, 1)),
     ((3, 40, 7, 9), (24, 40, 1, 1)),
