@@ -157,3 +157,32 @@ def test_admission_counters_reach_prometheus():
     text = prometheus_text([exe.dev])
     assert 'npurun_device_admission_holds_total{device="reference"} 3.0' in text
     assert 'npurun_device_admission_held_seconds_total{device="reference"} 0.25' in text
+
+
+def test_the_last_programs_records_are_their_own():
+    """Pace and Admission keep the last program's record beside their weak dictionaries: runs
+    of two programs in turn, and a program created where a collected one lived (same id),
+    each get their own (runtime/fairshare.py, runtime/admission.py)."""
+    import gc
+
+    from npurun.runtime.fairshare import Pace
+
+    class Prog:  # (weakly referable, as Programs are)
+        pass
+
+    pace, adm = Pace(), Admission()
+    a, b = Prog(), Prog()
+    for _ in range(3):
+        pace.observe(a, 1.0, alone=True)
+        pace.observe(b, 2.0, alone=True)
+        pace.observe(a, 4.0, alone=False)
+    assert pace.rate(a) == pytest.approx(0.25)  # 1 s alone, 4 s sharing
+    assert pace.rate(b) == 1.0  # never seen sharing
+    sa, sb = adm.segments(a, 3), adm.segments(b, 3)
+    sa[0] = 0.5
+    assert adm.segments(a, 3) is sa and adm.segments(b, 3) is sb and sb[0] == 0.0
+    assert adm.segments(a, 4) is not sa  # another step count: a fresh list
+    del b, sb
+    gc.collect()
+    c = Prog()  # (may take b's address)
+    assert pace.rate(c) == 1.0 and adm.segments(c, 3) == [0.0, 0.0, 0.0]

@@ -26,6 +26,7 @@ the background is the idle gap before the request, at most its predicted stretch
 from __future__ import annotations
 
 import collections
+import operator
 import weakref
 
 PERIODIC_N = 5   # arrivals (4 intervals) before a group counts as a periodic stream
@@ -53,6 +54,7 @@ class Admission:
     def __init__(self):
         self.streams: dict[str, Stream] = {}
         self._segs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._last: tuple | None = None  # (weak reference to the last program, its segments)
         # Until when some periodic stream may still hold a task (its next request's due time
         # plus the grace): before then every boundary takes the scheduler's lock.
         self.active_until = float("-inf")
@@ -63,11 +65,17 @@ class Admission:
         self.holding_priority = float("inf")
 
     def segments(self, program, steps: int) -> list:
-        """The learned stretch (seconds) per step of `program`; 0.0 where not yet seen."""
+        """The learned stretch (seconds) per step of `program`; 0.0 where not yet seen. (The
+        last program's list is kept beside the weak dictionary, whose lookup builds a weak
+        reference each call: every task asks.)"""
+        last = self._last
+        if last is not None and last[0]() is program and len(last[1]) == steps:
+            return last[1]
         try:
             segs = self._segs.get(program)
             if segs is None or len(segs) != steps:
                 segs = self._segs[program] = [0.0] * steps
+            self._last = (weakref.ref(program), segs)
         except TypeError:  # not weakly referenceable: this run learns for itself only
             segs = [0.0] * steps
         return segs
@@ -93,8 +101,8 @@ class Admission:
         s.period = 0.0
         if len(s.arrivals) == PERIODIC_N:
             # (every run of a model calls this: sorted gaps, not statistics.median, ~2 us less)
-            a = s.arrivals
-            gaps = sorted([a[i + 1] - a[i] for i in range(PERIODIC_N - 1)])
+            a = tuple(s.arrivals)
+            gaps = sorted(map(operator.sub, a[1:], a[:-1]))
             h = len(gaps) // 2
             med = gaps[h] if len(gaps) % 2 else 0.5 * (gaps[h - 1] + gaps[h])
             if med > 0 and med - gaps[0] <= JITTER * med and gaps[-1] - med <= JITTER * med:

@@ -28,13 +28,26 @@ class Pace:
 
     def __init__(self):
         self._runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # program -> [alone, shared]
+        # The last program's record: a WeakKeyDictionary lookup builds a weak reference each
+        # call (~1-2 us; every run asks twice), and a stream of runs asks about one program.
+        self._last: tuple | None = None  # (weak reference to the program, its record)
+
+    def _record(self, program) -> list | None:
+        last = self._last
+        if last is not None and last[0]() is program:
+            return last[1]
+        try:
+            rec = self._runs.setdefault(program, [None, None])
+            self._last = (weakref.ref(program), rec)
+        except TypeError:  # (not weakly referable: nothing learned, charged at device time)
+            return None
+        return rec
 
     def observe(self, program, run_time: float, alone: bool) -> None:
         if run_time <= 0.0:
             return
-        try:
-            rec = self._runs.setdefault(program, [None, None])
-        except TypeError:  # (not weakly referable: nothing learned, charged at device time)
+        rec = self._record(program)
+        if rec is None:
             return
         k = 0 if alone else 1
         old = rec[k]
@@ -42,10 +55,7 @@ class Pace:
 
     def rate(self, program) -> float:
         """Solo-equivalent seconds per device second for `program` (1.0 until known)."""
-        try:
-            alone, shared = self._runs.get(program, (None, None))
-        except TypeError:
+        rec = self._record(program)
+        if rec is None or rec[0] is None or rec[1] is None:
             return 1.0
-        if alone is None or shared is None:
-            return 1.0
-        return max(FLOOR, min(1.0, alone / shared))
+        return max(FLOOR, min(1.0, rec[0] / rec[1]))
