@@ -87,10 +87,13 @@ def check_like(m, oracle, feeds, tmp_path, *, atol=1e-5, rtol=1e-5, backends=BAC
     return want
 
 
-def check(m, feeds, tmp_path, *, atol=1e-5, rtol=1e-5, steps=None, backends=BACKENDS):
+def check(m, feeds, tmp_path, *, atol=1e-5, rtol=1e-5, steps=None, backends=BACKENDS, flips=None):
     """Every output of every backend equals ONNX Runtime's: within atol/rtol for floats,
     within `steps` quantization steps for integer outputs (0 when None: exact), at most 1% of
-    them off at all. Returns ONNX Runtime's outputs."""
+    them off at all. `flips` (bound, share): for float outputs of a chain that quantizes its
+    activations on the fly, where a value computed a few ulp apart (ORT's polynomial sigmoid)
+    can land on the other side of a rounding step and carry that step on — every value within
+    `bound`, and at least `share` of them within atol/rtol. Returns ONNX Runtime's outputs."""
     want, got = run_all(m, feeds, tmp_path, backends)
     for b, outs in got.items():
         for k, w in want.items():
@@ -102,6 +105,11 @@ def check(m, feeds, tmp_path, *, atol=1e-5, rtol=1e-5, steps=None, backends=BACK
                 assert diff.max(initial=0) <= (steps or 0), f"{b} {k}: off by {diff.max()} steps"
                 # A step apart only where a float rounding lands differently: rare, never systematic.
                 assert np.mean(diff > 0) <= 0.01, f"{b} {k}: {np.mean(diff > 0):.1%} of values differ"
+            elif flips is not None:
+                bound, share = flips
+                np.testing.assert_allclose(y, w, atol=bound, rtol=0, err_msg=f"{b} {k}")
+                tight = np.isclose(y, w, atol=atol, rtol=rtol)
+                assert tight.mean() >= share, f"{b} {k}: {tight.mean():.1%} within atol {atol}, rtol {rtol}"
             else:
                 np.testing.assert_allclose(y, w, atol=atol, rtol=rtol, err_msg=f"{b} {k}")
     return want
