@@ -267,14 +267,21 @@ def _depthwise_plan(xshape, yshape, w, b, geo, epi, threads, cache, kind, flops)
         kernel = (LIB.npr_dwconv2d, LIB.npr_dwconv2d_cl, LIB.npr_dwconv2d_avx512)[kind]
         calls = [native.bound(kernel, (*pre, c0, c1), 0, 17) for c0, c1 in bands]
 
+    return _bound_run(calls, yshape, DW_FLOP_COST * flops / (PIECE_FLOPS * threads), cache, general, (wdw, bdw))
+
+
+def _bound_run(calls, yshape, secs, cache, general, keep):
+    """A plan's run(x) -> y: the bound calls (native.bound) into a fresh y, or, where pieces are
+    wanted for a node of `secs` predicted seconds (None: never), the general path. `keep` holds
+    the arrays whose addresses the calls carry, alive as long as the plan."""
     def run(x):
-        if pieces.wanted(DW_FLOP_COST * flops / (PIECE_FLOPS * threads), cache):
+        if secs is not None and pieces.wanted(secs, cache):
             return general(x)
         y = empty(yshape)
         for call in calls:
             _check(call(x, y))
         return y
-    run.weights = (wdw, bdw)  # kept alive with the plan (the calls hold their addresses)
+    run.keep = keep
     return run
 
 
@@ -412,17 +419,9 @@ def _direct_plan(xshape, yshape, w, b, group, geo, epi, threads, cache, isa, flo
     else:
         calls = [native.bound(native.conv2d_fn(isa), (None, c, h, wd, wp, bp, m, *geo, *epi, None, ho, wo, r0, r1,
                                                       0, nt), 0, 18) for r0, r1 in bands]
-    secs = flops / (PIECE_FLOPS * threads)
-
-    def run(x):
-        if not flat and pieces.wanted(secs, cache):
-            return general(x)
-        y = empty(yshape)
-        for call in calls:
-            _check(call(x, y))
-        return y
-    run.packed = cache["packed"]  # kept alive with the plan (the bound calls hold their addresses)
-    return run
+    # (a flat pointwise row is never cut: its pixel tiles start where a call starts)
+    return _bound_run(calls, yshape, None if flat else flops / (PIECE_FLOPS * threads), cache, general,
+                      cache["packed"])
 
 
 # Groups at least this wide run as one dense conv each (RegNet's 64-wide groups: the grouped
@@ -628,16 +627,8 @@ def _gemm_plan(xshape, yshape, w, b, geo, end, epi, threads, cache, flops):
     converted on every run); pieces on a contended device through _gemm itself."""
     args, panels = _gemm_args(xshape, yshape, w, b, geo, epi, cache, threads)
     whole = native.bound(LIB.npr_im2col_gemm_mt, args(0, panels), 0, 18)
-    secs = flops * xshape[0] / (PIECE_FLOPS * threads)
-
-    def run(x):
-        y = empty(yshape)
-        if pieces.wanted(secs, cache):
-            return _gemm(x, w, b, geo, end, *epi, y, cache, threads, flops)
-        _check(whole(x, y))
-        return y
-    run.packed = cache["gemm"]  # kept alive with the plan (the bound call holds its address)
-    return run
+    return _bound_run([whole], yshape, flops * xshape[0] / (PIECE_FLOPS * threads), cache,
+                      lambda x: _gemm(x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops), cache["gemm"])
 
 
 def _tgemm(x, w, b, code, alpha, beta, y, cache, threads=1, flops=0.0):
@@ -703,7 +694,7 @@ def _tgemm_plan(xshape, yshape, w, b, epi, threads, cache, flops):
         if act is not None:
             act(y, y)
         return y
-    run.packed = cache["tgemm"]  # kept alive with the plan (the bound calls hold their addresses)
+    run.keep = cache["tgemm"]  # kept alive with the plan (the bound calls hold their addresses)
     return run
 
 
@@ -784,17 +775,8 @@ def _winograd_plan(xshape, yshape, w, b, geo, epi, threads, cache, isa, flops):
         calls = [native.bound(mt, (*pre, 0, tiles, nt, threads, len(bands)), 0, 12)]
     else:
         calls = [native.bound(fn, (*pre, r0, r1, nt), 0, 12) for r0, r1 in bands]
-    secs = flops / (WINO_SPEEDUP * PIECE_FLOPS * threads)
-
-    def run(x):
-        if pieces.wanted(secs, cache):
-            return general(x)
-        y = empty(yshape)
-        for call in calls:
-            _check(call(x, y))
-        return y
-    run.packed = cache["wino", mr]  # kept alive with the plan (the bound calls hold their addresses)
-    return run
+    return _bound_run(calls, yshape, flops / (WINO_SPEEDUP * PIECE_FLOPS * threads), cache, general,
+                      cache["wino", mr])
 
 
 def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flops):
@@ -842,7 +824,7 @@ def _flat(xshape, w, b, geo, code, alpha, beta, yshape, threads, cache, isa, flo
             for p0, p1 in pieces.each(cut):
                 _check(fn(xp + i * xstep, *pre, yp + i * ystep, *post, p0 * px, p1 * px))
         return y
-    run.packed = (wp, bp)  # kept alive with the plan
+    run.keep = (wp, bp)  # kept alive with the plan
     return run
 
 
