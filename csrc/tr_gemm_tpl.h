@@ -194,17 +194,70 @@ static inline __attribute__((always_inline)) void GEMM_TILE_T(const float *x, lo
         for (int r = 0; r < mr; r++) y[j * P + r] = t[r][j];
 }
 
-/* bias: M floats padded to whole panels (zeros past M) */
+/* GEMM_TILE_T with x^T packed (GEMM_TCONV): Ap[k][MR], the block's MR pixels of channel k
+ * side by side. The same sums in the same order as GEMM_TILE_T, so the same bits. */
+static inline __attribute__((always_inline)) void GEMM_TILE_TP(const float *Ap, long P, long K, const float *Bp,
+        float *y, int mr, int nc, const float *bias)
+{
+    VEC c0[MR], c1[MR];
+    for (int r = 0; r < MR; r++) { c0[r] = VZERO(); c1[r] = VZERO(); }
+#pragma GCC unroll 2
+    for (long k = 0; k < K; k++) {
+        VEC b0 = VLOAD(Bp + k * 2 * VL), b1 = VLOAD(Bp + k * 2 * VL + VL);
+        const float *a = Ap + k * MR;
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            VEC av = VSET1(a[r]);
+            c0[r] = VFMA(av, b0, c0[r]);
+            c1[r] = VFMA(av, b1, c1[r]);
+        }
+    }
+    float t[MR][2 * VL];
+    VEC bb0 = VLOAD(bias), bb1 = VLOAD(bias + VL);
+    for (int r = 0; r < MR; r++) {
+        VSTORE(t[r], VADD(c0[r], bb0));
+        VSTORE(t[r] + VL, VADD(c1[r], bb1));
+    }
+    for (int j = 0; j < nc; j++)
+        for (int r = 0; r < mr; r++) y[j * P + r] = t[r][j];
+}
+
+#ifndef TCONV_PACK_PANELS
+#define TCONV_PACK_PANELS 4
+#endif
+
+/* bias: M floats padded to whole panels (zeros past M).
+ * x^T is first packed into the thread's scratch, MR pixels per k side by side (a block's A
+ * one contiguous run): read in place, each k of a tile touched a new line P floats on, and the
+ * tile's K lines (20-60 KB) did not stay in L1 across panels (320->1280 on 7x7, 1 thread:
+ * 64 -> see docs/cpu.md GF/s). Without scratch memory, the in-place tile. */
 void GEMM_TCONV(const float *x, const float *Bp, float *y, const float *bias, long P, long K, long M,
                 long p0, long p1)
 {
+    long blocks = (P + MR - 1) / MR;
+    /* (packing is ~1/NR of a panel's FMAs per float: worth it from a few panels on) */
+    float *Ap = p1 - p0 >= TCONV_PACK_PANELS ? npr_scratch(0, sizeof(float) * (size_t)(blocks * K * MR)) : NULL;
+    if (Ap)
+        for (long b = 0; b < blocks; b++) {
+            float *d = Ap + b * K * MR;
+            int mr = (int)(P - b * MR < MR ? P - b * MR : MR);
+            const float *s = x + b * MR;
+            if (mr == MR)
+                for (long k = 0; k < K; k++, d += MR, s += P) memcpy(d, s, sizeof(float) * MR);
+            else
+                for (long k = 0; k < K; k++, d += MR, s += P)
+                    for (int r = 0; r < MR; r++) d[r] = s[r < mr ? r : mr - 1];
+        }
     for (long p = p0; p < p1; p++) {
         long col = p * 2 * VL;
         int nc = (int)(M - col < 2 * VL ? M - col : 2 * VL);
         const float *bp = Bp + p * K * 2 * VL;
         for (long i = 0; i < P; i += MR) {
             int mr = (int)(P - i < MR ? P - i : MR);
-            GEMM_TILE_T(x + i, P, K, bp, y + col * P + i, mr, nc, bias + col);
+            if (Ap)
+                GEMM_TILE_TP(Ap + (i / MR) * K * MR, P, K, bp, y + col * P + i, mr, nc, bias + col);
+            else
+                GEMM_TILE_T(x + i, P, K, bp, y + col * P + i, mr, nc, bias + col);
         }
     }
 }

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <string.h>
 #include "act.h"
+void *npr_scratch(int slot, size_t bytes);  /* conv_gemm.c: per-thread scratch */
 
 /* erf(x) = x * S(x^2) on |x| < 0.5 */
 static const float ERF_S[5] = {1.128379166e+00f, -3.761261509e-01f, 1.128293222e-01f, -2.676355423e-02f, 4.729982132e-03f};
@@ -285,6 +286,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define GEMM_Q8 npr_gemm_q8_avx2
 #define GEMM_TILE_T gemm_tile_t_avx2
 #define GEMM_TCONV npr_tconv_avx2
+#define GEMM_TILE_TP gemm_tile_tp_avx2
 #define VMUL _mm256_mul_ps
 #define VLOADQ8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #include "tr_gemm_tpl.h"
@@ -305,6 +307,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #undef GEMM_Q8
 #undef GEMM_TILE_T
 #undef GEMM_TCONV
+#undef GEMM_TILE_TP
 #undef VMUL
 #undef VLOADQ8
 
@@ -328,6 +331,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define GEMM_Q8 npr_gemm_q8_avx512
 #define GEMM_TILE_T gemm_tile_t_avx512
 #define GEMM_TCONV npr_tconv_avx512
+#define GEMM_TILE_TP gemm_tile_tp_avx512
 #define VMUL _mm512_mul_ps
 #define VLOADQ8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #include "tr_gemm_tpl.h"

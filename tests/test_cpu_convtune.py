@@ -107,6 +107,7 @@ TGEMM = [  # pointwise convs as the transposed product: pixels off the 6-row blo
     ((2, 8, 1, 1), (70, 8, 1, 1)),
     ((1, 64, 14, 14), (160, 64, 1, 1)),
     ((1, 17, 5, 3), (33, 17, 1, 1)),
+    ((2, 33, 5, 5), (70, 33, 1, 1)),  # 5 panels: pixels packed (25: a ragged last block)
 ]
 
 
@@ -115,7 +116,8 @@ TGEMM = [  # pointwise convs as the transposed product: pixels off the 6-row blo
 def test_transposed_pointwise_conv_matches_reference(case, threads, rng):
     """algo="tgemm": output channels in the vectors, the input read in place, each tile written
     back into the planes; the reference's result with every epilogue, and the same bits at
-    either thread count (each panel of channels is the same product in any band)."""
+    either thread count (each panel of channels is the same product in any band: at 2 threads
+    a band of fewer than 4 panels reads the input in place, 4 or more pack it first)."""
     xs, ws = TGEMM[case]
     x = nonzero_normal(rng, xs)
     w = nonzero_normal(rng, ws) * 0.1
