@@ -18,6 +18,9 @@
 
 void npr_gemm_avx2(const float *, const float *, float *, const float *, const float *, long, long, long, long, long);
 void npr_gemm_avx512(const float *, const float *, float *, const float *, const float *, long, long, long, long, long);
+typedef void gemm_act_fn(const float *, long, const float *, long, long, float *, long, long, long, long, long, int,
+                         int, float, float);
+gemm_act_fn npr_gemm_act_avx2, npr_gemm_act_avx512;
 void npr_activation(const float *x, float *y, long n, int act, float alpha, float beta);
 void *npr_scratch(int slot, size_t bytes);
 
@@ -89,12 +92,20 @@ static void pack_panel(const ig_job *j, const run_t *runs, int nruns, int nc, fl
     for (int t = 0; t < nr; t++) dst[t] = t < nc ? 1.0f : 0.0f;
 }
 
-/* np packed panels (bp) times [W | bias] into the tile (M x np*nr), the activation over the
- * whole tile (one call: per row and image it was ~10% of a small-image conv), then out to the
- * images: runs of pixels of one image each, nc pixels from column col0. */
+/* np packed panels (bp) times [W | bias]: where they are whole and lie in one image, straight
+ * into its planes with the activation in the registers (GEMM_ACT); otherwise into the tile
+ * (M x np*nr), the activation over the whole tile (one call: per row and image it was ~10% of
+ * a small-image conv), then out to the images: runs of pixels of one image each, nc pixels
+ * from column col0. Both give the same bits. */
 static void multiply_out(const ig_job *j, const float *bp, float *tile, long col0, int nc, int np)
 {
     const long hw = j->Ho * j->Wo, N = (long)np * j->nr;
+    if (nc == N && col0 % hw + N <= hw) {
+        float *y = j->y + (col0 / hw) * j->M * hw + col0 % hw;
+        (j->isa512 ? npr_gemm_act_avx512 : npr_gemm_act_avx2)(j->wb, j->K1, bp, j->nr, j->K1 * j->nr, y, hw, j->M,
+                                                              j->K1, 0, np, 0, j->act, j->alpha, j->beta);
+        return;
+    }
     (j->isa512 ? npr_gemm_avx512 : npr_gemm_avx2)(j->wb, bp, tile, NULL, NULL, j->M, j->K1, N, 0, np);
     if (j->act) npr_activation(tile, tile, j->M * N, j->act, j->alpha, j->beta);
     for (int t = 0; t < nc;) {
@@ -105,6 +116,10 @@ static void multiply_out(const ig_job *j, const float *bp, float *tile, long col
         t += len;
     }
 }
+
+#ifndef PW_IN_PLACE
+#define PW_IN_PLACE 1
+#endif
 
 #ifndef PW_GROUP_BYTES
 /* bytes of packed columns a pointwise conv's group holds: at 1 thread, against one panel at a
@@ -137,6 +152,13 @@ static void pw_group(const ig_job *j, long p, int np, float *bp, float *tile)
     const int nr = j->nr;
     const long hw = j->Ho * j->Wo, K = j->K1 - 1, col0 = p * nr, N = (long)np * nr;
     int nc = (int)(j->pixels - col0 < N ? j->pixels - col0 : N);
+    if (PW_IN_PLACE && nc == N && col0 % hw + N <= hw) {
+        long img = col0 / hw, pix = col0 % hw;
+        (j->isa512 ? npr_gemm_act_avx512 : npr_gemm_act_avx2)(j->wb, j->K1, j->x + img * j->C * hw + pix, hw, nr,
+                                                              j->y + img * j->M * hw + pix, hw, j->M, K, 0, np, 1,
+                                                              j->act, j->alpha, j->beta);
+        return;
+    }
     for (long k = 0; k < K; k++)
         for (int t = 0; t < nc;) {
             long col = col0 + t, img = col / hw, pix = col % hw;

@@ -7,26 +7,30 @@
  * 6 x 16 on AVX2 (12 ymm accumulators), 8 x 32 on AVX-512 (16 zmm). A short last row block
  * reads its last row again for the missing ones and stores only the real rows. */
 
-static inline __attribute__((always_inline)) void GEMM_TILE(const float *A, long K, const float *Bp,
-        float *C, long N, int mr, int nc, const float *bias, const float *R)
+/* (GEMM_TILE_AB: A's rows `lda` floats apart, B's k rows `ldb` apart (2 VL: packed; a plane's
+ * width: B read in place), and with `abias` A's column K a per-row bias added after the sum,
+ * as the packed path's row of ones adds it: one rounding either way.) */
+static inline __attribute__((always_inline)) void GEMM_TILE_AB(const float *A, long lda, long K, const float *Bp,
+        long ldb, float *C, long N, int mr, int nc, const float *bias, const float *R, int abias,
+        int act, float alpha, float beta)
 {
     VEC c0[MR], c1[MR];
     const float *a[MR];
     for (int r = 0; r < MR; r++) {
         c0[r] = VZERO(); c1[r] = VZERO();
-        a[r] = A + (r < mr ? r : mr - 1) * K;
+        a[r] = A + (r < mr ? r : mr - 1) * lda;
     }
     if (nc <= VL) {  /* a narrow panel (N of a few columns, or a last panel): half the FMAs */
 #pragma GCC unroll 2
         for (long k = 0; k < K; k++) {
-            VEC b0 = VLOAD(Bp + k * 2 * VL);
+            VEC b0 = VLOAD(Bp + k * ldb);
 #pragma GCC unroll 16
             for (int r = 0; r < MR; r++) c0[r] = VFMA(VSET1(a[r][k]), b0, c0[r]);
         }
     } else {
 #pragma GCC unroll 2
         for (long k = 0; k < K; k++) {
-            VEC b0 = VLOAD(Bp + k * 2 * VL), b1 = VLOAD(Bp + k * 2 * VL + VL);
+            VEC b0 = VLOAD(Bp + k * ldb), b1 = VLOAD(Bp + k * ldb + VL);
 #pragma GCC unroll 16
             for (int r = 0; r < MR; r++) {
                 VEC av = VSET1(a[r][k]);
@@ -35,16 +39,23 @@ static inline __attribute__((always_inline)) void GEMM_TILE(const float *A, long
             }
         }
     }
+    if (abias)
+        for (int r = 0; r < MR; r++) {
+            VEC bv = VSET1(a[r][K]);
+            c0[r] = VADD(c0[r], bv);
+            c1[r] = VADD(c1[r], bv);
+        }
     if (nc == 2 * VL) {
         VEC bb0 = bias ? VLOAD(bias) : VZERO(), bb1 = bias ? VLOAD(bias + VL) : VZERO();
         for (int r = 0; r < mr; r++) {
             VEC v0 = c0[r], v1 = c1[r];
             if (bias) { v0 = VADD(v0, bb0); v1 = VADD(v1, bb1); }
             if (R) { v0 = VADD(v0, VLOAD(R + r * N)); v1 = VADD(v1, VLOAD(R + r * N + VL)); }
+            if (act) { v0 = VACT(v0, act, alpha, beta); v1 = VACT(v1, act, alpha, beta); }
             VSTORE(C + r * N, v0);
             VSTORE(C + r * N + VL, v1);
         }
-    } else {
+    } else {  /* (no caller gives a short panel and an activation: GEMM_ACT takes whole ones) */
         float t[2 * VL];
         for (int r = 0; r < mr; r++) {
             VSTORE(t, c0[r]);
@@ -57,6 +68,12 @@ static inline __attribute__((always_inline)) void GEMM_TILE(const float *A, long
             }
         }
     }
+}
+
+static inline __attribute__((always_inline)) void GEMM_TILE(const float *A, long K, const float *Bp,
+        float *C, long N, int mr, int nc, const float *bias, const float *R)
+{
+    GEMM_TILE_AB(A, K, K, Bp, 2 * VL, C, N, mr, nc, bias, R, 0, 0, 0.0f, 0.0f);
 }
 
 void GEMM_PACK(const float *B, float *Bp, long K, long N)
@@ -129,6 +146,28 @@ void GEMM(const float *A, const float *Bp, float *C, const float *bias, const fl
             int mr = (int)(M - i < MR ? M - i : MR);
             GEMM_TILE(A + i * K, K, bp, C + i * N + col, N, mr, nc, bias ? bias + col : NULL,
                       R ? R + i * N + col : NULL);
+        }
+    }
+}
+
+/* C = act(A @ B) written in place into rows `ldc` floats apart (a conv's output planes), for
+ * whole panels only (N a multiple of NR): the im2col GEMM's product goes straight to the
+ * output with its activation applied in the registers, where it went through a tile buffer,
+ * an activation pass over it and a copy out (16->96 on 112x112: the output written three
+ * times). A's rows are `lda` apart; B is packed (ldb = NR, panels K*NR apart) or read in place
+ * (a pointwise conv's planes: ldb = the plane's size, panels NR apart), then with `abias` A's
+ * column K is each row's bias (GEMM_TILE_AB). Each output is GEMM_TILE's sum, and the
+ * activation is act.h's on the same floats (VACT), so the bits of the tile's path. */
+void GEMM_ACT(const float *A, long lda, const float *Bp, long ldb, long bstep, float *C, long ldc, long M, long K,
+              long p0, long p1, int abias, int act, float alpha, float beta)
+{
+    for (long p = p0; p < p1; p++) {
+        long col = p * 2 * VL;
+        const float *bp = Bp + p * bstep;
+        for (long i = 0; i < M; i += MR) {
+            int mr = (int)(M - i < MR ? M - i : MR);
+            GEMM_TILE_AB(A + i * lda, lda, K, bp, ldb, C + i * ldc + col, ldc, mr, 2 * VL, NULL, NULL, abias,
+                         act, alpha, beta);
         }
     }
 }

@@ -287,6 +287,9 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define GEMM_TILE_T gemm_tile_t_avx2
 #define GEMM_TCONV npr_tconv_avx2
 #define GEMM_TILE_TP gemm_tile_tp_avx2
+#define GEMM_ACT npr_gemm_act_avx2
+#define GEMM_TILE_AB gemm_tile_ab_avx2
+#define VACT(v, act, a, b) npr_act(v, act, _mm256_set1_ps(a), _mm256_set1_ps(b))
 #define VMUL _mm256_mul_ps
 #define VLOADQ8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #include "tr_gemm_tpl.h"
@@ -308,12 +311,24 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #undef GEMM_TILE_T
 #undef GEMM_TCONV
 #undef GEMM_TILE_TP
+#undef GEMM_ACT
+#undef GEMM_TILE_AB
+#undef VACT
 #undef VMUL
 #undef VLOADQ8
 
 /* AVX-512: 8 x 32 tile (16 zmm accumulators). */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
+/* act.h's AVX2 activation on each half of a zmm: GEMM_ACT's outputs are the bits of the
+ * AVX2 pass (npr_activation) the im2col GEMM ran over its tile on either ISA */
+static inline __m512 act256x2(__m512 v, int act, float a, float b)
+{
+    __m256 al = _mm256_set1_ps(a), be = _mm256_set1_ps(b);
+    __m256 lo = npr_act(_mm512_castps512_ps256(v), act, al, be);
+    __m256 hi = npr_act(_mm512_extractf32x8_ps(v, 1), act, al, be);
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
 #define VEC __m512
 #define VL 16
 #define MR 8
@@ -332,6 +347,9 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define GEMM_TILE_T gemm_tile_t_avx512
 #define GEMM_TCONV npr_tconv_avx512
 #define GEMM_TILE_TP gemm_tile_tp_avx512
+#define GEMM_ACT npr_gemm_act_avx512
+#define GEMM_TILE_AB gemm_tile_ab_avx512
+#define VACT(v, act, a, b) act256x2(v, act, a, b)
 #define VMUL _mm512_mul_ps
 #define VLOADQ8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #include "tr_gemm_tpl.h"

@@ -64,6 +64,11 @@ GROUPED = [  # pointwise convs' panels packed and multiplied in groups (im2col_g
     ((2, 8, 1, 1), (70, 8, 1, 1), {}),          # fewer pixels than a panel
     ((1, 64, 29, 27), (20, 64, 3, 3), {"pads": [1, 1, 1, 1]}),                    # 3x3: a panel at a time
     ((2, 48, 23, 25), (16, 48, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 2]}),  # stride 2, 2 images
+    # whole panels in one image go straight to the output (the input read in place where
+    # pointwise), the others through the tile: groups of 4 panels over two 96-pixel images
+    # (the middle group straddles them), and 3x3 panels straddling two 35-pixel images
+    ((2, 1023, 8, 12), (20, 1023, 1, 1), {}),
+    ((2, 6, 5, 7), (16, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
 ]
 
 
@@ -71,9 +76,9 @@ GROUPED = [  # pointwise convs' panels packed and multiplied in groups (im2col_g
 @pytest.mark.parametrize("case", range(len(GROUPED)))
 def test_gemm_conv_in_groups_of_panels(case, threads, rng):
     """A pointwise conv's panels are packed and multiplied a group at a time (others' one at a
-    time): the reference's result with every epilogue, and the very bits of one image at a time
-    and of the other thread count (each panel is the same product whatever group or chunk it
-    falls in)."""
+    time), or read in place where a group's panels are whole and in one image: the reference's
+    result with every epilogue, and the very bits of one image at a time and of the other
+    thread count (each panel is the same product whatever group, chunk or path it falls in)."""
     xs, ws, a = GROUPED[case]
     x = nonzero_normal(rng, xs)
     w = nonzero_normal(rng, ws) * 0.1
