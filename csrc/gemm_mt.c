@@ -4,6 +4,7 @@
  * pool: a MiniLM product takes 0.1-0.4 ms and a hand-off to a Python thread costs tens of
  * microseconds on a 2-vCPU VM, so two threads ran no faster than one (docs/cpu.md, "Transformer encoders"). */
 #define _POSIX_C_SOURCE 200809L
+#include <string.h>
 #include "par.h"
 
 void npr_gemm_avx2(const float *, const float *, float *, const float *, const float *, long, long, long, long, long);
@@ -82,6 +83,94 @@ void npr_tconv_range_mt(int isa512, const float *x, const float *Bp, float *y, c
         tconv_job j = {isa512, chunks, x + i * K * P, Bp, bias, y + i * M * P, P, K, M, p0, p1};
         par_run(tconv_chunk, &j, chunks, threads);
     }
+}
+
+/* ---- Any dense conv on a small map as the transposed product: the pointwise one's above with
+ * the input first laid out as im2col^T in its packed form. Per image, on the calling thread:
+ * the input copied zero-padded (so no tap needs a bounds check), then Ap[block][k][r] = the
+ * padded input under tap k (k = (c, ky, kx), W's own order) of the block's pixel r (MR
+ * pixels a block, the last repeated past P), then the panels of output channels [p0, p1) in
+ * `chunks` runs, each tile GEMM_TILE_TP's (nativeconv._tgemm says where it wins). */
+void npr_tconv_ap_avx2(const float *, const float *, float *, const float *, long, long, long, long, long, long);
+void npr_tconv_ap_avx512(const float *, const float *, float *, const float *, long, long, long, long, long, long);
+void *npr_scratch(int slot, size_t bytes);
+
+typedef struct {
+    int isa512, chunks;
+    const float *ap, *bp, *bias;
+    float *y;
+    long np, P, K, M, p0, p1;  /* np pixels from y, whose channel planes are P apart */
+} tconvk_job;
+
+static void tconvk_chunk(void *ctx, int i)
+{
+    tconvk_job *j = ctx;
+    long p0 = par_at(j->p0, j->p1, i, j->chunks), p1 = par_at(j->p0, j->p1, i + 1, j->chunks);
+    if (p1 > p0)
+        (j->isa512 ? npr_tconv_ap_avx512 : npr_tconv_ap_avx2)(j->ap, j->bp, j->y, j->bias, j->np, j->P, j->K, j->M,
+                                                              p0, p1);
+}
+
+#ifndef TCONVK_GROUP_BYTES
+/* packed pixels a group holds: a 7x7 map from 256 channels x 3x3 in one group (so the weights
+ * stream once), a 112x112 one (ResNet's 7x7 stem) in groups of ~1,800 pixels */
+#define TCONVK_GROUP_BYTES (1L << 20)
+#endif
+
+int npr_tconvk_range_mt(int isa512, const float *x, long n, long C, long H, long W, int kh, int kw, int sh, int sw,
+                        int dh, int dw, int pt, int pl, long Ho, long Wo, const float *Bp, float *y,
+                        const float *bias, long M, long p0, long p1, int threads, int chunks)
+{
+    const int mr = isa512 ? 8 : 6;
+    const long P = Ho * Wo, taps = (long)kh * kw, K = C * taps, blocks = (P + mr - 1) / mr;
+    long Hp = (Ho - 1) * sh + (long)(kh - 1) * dh + 1, Wp = (Wo - 1) * sw + (long)(kw - 1) * dw + 1;
+    long gb = TCONVK_GROUP_BYTES / ((long)sizeof(float) * mr * K);  /* blocks a group */
+    if (gb < 1) gb = 1;
+    if (gb > blocks) gb = blocks;
+    size_t xn = (size_t)(C * Hp * Wp), an = (size_t)(gb * K * mr);
+    float *buf = npr_scratch(1, sizeof(float) * (xn + an) + sizeof(long) * (size_t)(K + mr));
+    if (!buf) return -1;
+    float *xp = buf, *ap = buf + xn;
+    long *toff = (long *)(ap + an), *off = toff + K;
+    for (long c = 0; c < C; c++)
+        for (int ky = 0; ky < kh; ky++)
+            for (int kx = 0; kx < kw; kx++)
+                toff[(c * kh + ky) * kw + kx] = (c * Hp + (long)ky * dh) * Wp + (long)kx * dw;
+    for (long i = 0; i < n; i++) {
+        const float *xi = x + i * C * H * W;
+        for (long c = 0; c < C; c++)
+            for (long r = 0; r < Hp; r++) {
+                float *d = xp + (c * Hp + r) * Wp;
+                long iy = r - pt;
+                if (iy < 0 || iy >= H) { memset(d, 0, sizeof(float) * Wp); continue; }
+                const float *s = xi + (c * H + iy) * W;
+                for (long q = 0; q < Wp; q++) {
+                    long ix = q - pl;
+                    d[q] = ix >= 0 && ix < W ? s[ix] : 0.0f;
+                }
+            }
+        /* groups of gb blocks: packed, then every panel over them (a tile's bits do not
+         * depend on its group) */
+        for (long b0 = 0; b0 < blocks; b0 += gb) {
+            long nb = blocks - b0 < gb ? blocks - b0 : gb, q0 = b0 * mr;
+            for (long b = 0; b < nb; b++) {
+                for (int r = 0; r < mr; r++) {
+                    long q = q0 + b * mr + r < P ? q0 + b * mr + r : P - 1;
+                    off[r] = (q / Wo) * sh * Wp + (q % Wo) * sw;
+                }
+                float *d = ap + b * K * mr;
+                for (long k = 0; k < K; k++, d += mr) {
+                    const float *s = xp + toff[k];
+                    for (int r = 0; r < mr; r++) d[r] = s[off[r]];
+                }
+            }
+            /* the group's pixels [q0, q0 + np) as a map of its own: rows P apart in y */
+            long np = P - q0 < nb * mr ? P - q0 : nb * mr;
+            tconvk_job j = {isa512, chunks, ap, Bp, bias, y + i * M * P + q0, np, P, K, M, p0, p1};
+            par_run(tconvk_chunk, &j, chunks, threads);
+        }
+    }
+    return 0;
 }
 
 /* ---- The elementwise and row kernels of transformer.c (erf, GELU, LayerNorm, masked softmax)

@@ -270,13 +270,29 @@ static inline __attribute__((always_inline)) void GEMM_TILE_TP(const float *Ap, 
  * one contiguous run): read in place, each k of a tile touched a new line P floats on, and the
  * tile's K lines (20-60 KB) did not stay in L1 across panels (320->1280 on 7x7, 1 thread:
  * 64 -> see docs/cpu.md GF/s). Without scratch memory, the in-place tile. */
+/* Panels [p0, p1) of output channels over np pixels packed in Ap, into y's planes (P floats
+ * apart: np may be a group of a bigger map's pixels). */
+void GEMM_TCONV_AP(const float *Ap, const float *Bp, float *y, const float *bias, long np, long P, long K, long M,
+                   long p0, long p1)
+{
+    for (long p = p0; p < p1; p++) {
+        long col = p * 2 * VL;
+        int nc = (int)(M - col < 2 * VL ? M - col : 2 * VL);
+        const float *bp = Bp + p * K * 2 * VL;
+        for (long i = 0; i < np; i += MR) {
+            int mr = (int)(np - i < MR ? np - i : MR);
+            GEMM_TILE_TP(Ap + (i / MR) * K * MR, P, K, bp, y + col * P + i, mr, nc, bias + col);
+        }
+    }
+}
+
 void GEMM_TCONV(const float *x, const float *Bp, float *y, const float *bias, long P, long K, long M,
                 long p0, long p1)
 {
     long blocks = (P + MR - 1) / MR;
     /* (packing is ~1/NR of a panel's FMAs per float: worth it from a few panels on) */
     float *Ap = p1 - p0 >= TCONV_PACK_PANELS ? npr_scratch(0, sizeof(float) * (size_t)(blocks * K * MR)) : NULL;
-    if (Ap)
+    if (Ap) {
         for (long b = 0; b < blocks; b++) {
             float *d = Ap + b * K * MR;
             int mr = (int)(P - b * MR < MR ? P - b * MR : MR);
@@ -287,16 +303,16 @@ void GEMM_TCONV(const float *x, const float *Bp, float *y, const float *bias, lo
                 for (long k = 0; k < K; k++, d += MR, s += P)
                     for (int r = 0; r < MR; r++) d[r] = s[r < mr ? r : mr - 1];
         }
+        GEMM_TCONV_AP(Ap, Bp, y, bias, P, P, K, M, p0, p1);
+        return;
+    }
     for (long p = p0; p < p1; p++) {
         long col = p * 2 * VL;
         int nc = (int)(M - col < 2 * VL ? M - col : 2 * VL);
         const float *bp = Bp + p * K * 2 * VL;
         for (long i = 0; i < P; i += MR) {
             int mr = (int)(P - i < MR ? P - i : MR);
-            if (Ap)
-                GEMM_TILE_TP(Ap + (i / MR) * K * MR, P, K, bp, y + col * P + i, mr, nc, bias + col);
-            else
-                GEMM_TILE_T(x + i, P, K, bp, y + col * P + i, mr, nc, bias + col);
+            GEMM_TILE_T(x + i, P, K, bp, y + col * P + i, mr, nc, bias + col);
         }
     }
 }

@@ -286,6 +286,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define GEMM_Q8 npr_gemm_q8_avx2
 #define GEMM_TILE_T gemm_tile_t_avx2
 #define GEMM_TCONV npr_tconv_avx2
+#define GEMM_TCONV_AP npr_tconv_ap_avx2
 #define GEMM_TILE_TP gemm_tile_tp_avx2
 #define GEMM_ACT npr_gemm_act_avx2
 #define GEMM_TILE_AB gemm_tile_ab_avx2
@@ -310,6 +311,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #undef GEMM_Q8
 #undef GEMM_TILE_T
 #undef GEMM_TCONV
+#undef GEMM_TCONV_AP
 #undef GEMM_TILE_TP
 #undef GEMM_ACT
 #undef GEMM_TILE_AB
@@ -346,6 +348,7 @@ static inline __m512 act256x2(__m512 v, int act, float a, float b)
 #define GEMM_Q8 npr_gemm_q8_avx512
 #define GEMM_TILE_T gemm_tile_t_avx512
 #define GEMM_TCONV npr_tconv_avx512
+#define GEMM_TCONV_AP npr_tconv_ap_avx512
 #define GEMM_TILE_TP gemm_tile_tp_avx512
 #define GEMM_ACT npr_gemm_act_avx512
 #define GEMM_TILE_AB gemm_tile_ab_avx512

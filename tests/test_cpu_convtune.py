@@ -132,8 +132,36 @@ def test_transposed_pointwise_conv_matches_reference(case, threads, rng):
     whole = nativeconv.conv2d(x, w, b, _attrs({}), "relu", {}, threads, {}, None, "tgemm")
     other = nativeconv.conv2d(x, w, b, _attrs({}), "relu", {}, 3 - threads, {}, None, "tgemm")
     assert np.array_equal(whole, other)
-    with pytest.raises(BackendError, match="algo='tgemm' needs a 1x1 stride-1 unpadded"):
-        nativeconv.conv2d(x, w, b, _attrs({"pads": [1, 0, 0, 0]}), None, None, threads, {}, None, "tgemm")
+    with pytest.raises(BackendError, match="algo='tgemm' needs a dense conv with pads >= 0"):
+        nativeconv.conv2d(nonzero_normal(rng, (1, xs[1], 5, 5)), w, b, _attrs({"pads": [-1, 0, 0, 0]}), None, None,
+                          threads, {}, None, "tgemm")
+
+
+TGEMM_K = [  # any other dense conv as the transposed product over im2col^T (gemm_mt.c npr_tconvk_range_mt)
+    ((1, 256, 7, 7), (64, 256, 3, 3), {"pads": [1, 1, 1, 1]}),                     # ResNet's last stage
+    ((2, 24, 14, 13), (40, 24, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 2]}),  # stride 2, a batch
+    ((1, 3, 90, 90), (20, 3, 7, 7), {"strides": [1, 1], "pads": [3, 3, 3, 3]}),    # 8,100 pixels: 5 groups
+    ((1, 9, 11, 10), (17, 9, 5, 3), {"pads": [2, 0, 1, 2], "dilations": [2, 1]}),  # dilated, uneven pads
+    ((1, 16, 9, 9), (33, 16, 1, 1), {"strides": [2, 2]}),                          # strided 1x1
+    ((1, 5, 6, 7), (7, 5, 2, 2), {}),                                              # fewer pixels than 2 blocks
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(TGEMM_K)))
+def test_transposed_conv_over_im2col_matches_reference(case, threads, rng):
+    """algo="tgemm" on convs that are not pointwise: the padded input copied, im2col^T packed a
+    group of pixel blocks at a time; the reference's result with every epilogue, and the same
+    bits at either thread count (pieces: tests/test_pieces.py)."""
+    xs, ws, a = TGEMM_K[case]
+    x = nonzero_normal(rng, xs)
+    w = nonzero_normal(rng, ws) * 0.1
+    b = nonzero_normal(rng, ws[:1])
+    check_conv("tgemm", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, None,
+               acts=(None, "relu", "silu", "clip", "hard_swish"))
+    whole = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, threads, {}, None, "tgemm")
+    other = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, 3 - threads, {}, None, "tgemm")
+    assert np.array_equal(whole, other)
 
 
 PLANNED = [  # algo, input, weights, attributes: each plan's bound calls (one image: direct, Winograd)
@@ -334,15 +362,17 @@ def test_depthwise_convs_choose_between_their_kernels_grouped_ones_are_not_measu
 
 def test_candidates_follow_each_kernels_preconditions():
     g3 = (3, 3, 1, 1, 1, 1, 1, 1)
-    assert convtune.candidates(32, 32, 1, g3, 20, 20, [1, 1], [1, 1]) == ["rule", "direct", "flat", "gemm", "winograd"]
+    assert convtune.candidates(32, 32, 1, g3, 20, 20, [1, 1], [1, 1]) == ["rule", "direct", "flat", "gemm", "winograd",
+                                                                         "tgemm"]
     assert convtune.candidates(32, 32, 1, g3, 20, 20, [-1, 1], [1, 1]) == ["rule", "direct", "winograd"]  # a crop
     assert "winograd" not in convtune.candidates(32, 32, 1, (3, 3, 2, 2, 1, 1, 1, 1), 10, 10, [1, 1], [0, 0])
     assert convtune.candidates(32, 32, 2, g3, 20, 20, [1, 1], [1, 1]) == []  # grouped
     g1 = (1, 1, 1, 1, 1, 1, 0, 0)
     assert convtune.candidates(64, 96, 1, g1, 14, 14, [0, 0], [0, 0]) == ["rule", "direct", "flat", "gemm", "tgemm"]
-    assert "tgemm" not in convtune.candidates(64, 96, 1, (1, 1, 2, 2, 1, 1, 0, 0), 7, 7, [0, 0], [0, 0])  # strided
-    big = convtune.candidates(512, 64, 1, g3, 400, 400, [1, 1], [1, 1])  # im2col of 2.9 GB
-    assert "gemm" not in big and "flat" in big
+    assert "tgemm" not in convtune.candidates(64, 96, 1, g1, 28, 28, [0, 0], [0, 0])  # pointwise, 784 pixels
+    assert "tgemm" in convtune.candidates(64, 96, 1, (1, 1, 2, 2, 1, 1, 0, 0), 7, 7, [0, 0], [0, 0])  # strided: im2col^T
+    big = convtune.candidates(512, 64, 1, g3, 400, 400, [1, 1], [1, 1])  # im2col of 2.9 GB, padded input 330 MB
+    assert "gemm" not in big and "tgemm" not in big and "flat" in big
     assert convtune.dw_candidates([1, 1]) == ["rule", "direct", "dw_lanes"]
     assert convtune.dw_candidates([0, -1]) == []  # a crop: the per-channel kernel alone
 

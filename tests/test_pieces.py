@@ -91,6 +91,25 @@ def test_transposed_pointwise_pieces_are_bit_identical(rng, monkeypatch, threads
     assert cut >= 10
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_transposed_conv_over_im2col_pieces_are_bit_identical(rng, monkeypatch, threads):
+    """algo="tgemm" on k x k convs (im2col^T packed per image and group of pixels): pieces are
+    ranges of channel panels, each with its activation after it."""
+    cut = 0
+    for _ in range(20):
+        n, c, m = int(rng.choice([1, 2])), int(rng.integers(1, 40)), int(rng.integers(17, 120))
+        k, s, hw = int(rng.choice([2, 3, 5])), int(rng.choice([1, 2])), int(rng.integers(5, 30))
+        x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+        w = rng.standard_normal((m, c, k, k)).astype(np.float32)
+        b = rng.standard_normal(m).astype(np.float32)
+        attrs = {"group": 1, "strides": [s, s], "dilations": [1, 1], "auto_pad": "NOTSET", "pads": [k // 2] * 4}
+        whole, part, got = whole_and_pieced(
+            monkeypatch, 2e6, lambda: nativeconv.conv2d(x, w, b, attrs, "relu", {}, threads, {}, algo="tgemm"))
+        cut += got > 0
+        np.testing.assert_array_equal(part, whole, err_msg=f"{x.shape} {w.shape} {attrs}")
+    assert cut >= 5
+
+
 def test_split_covers_the_range_in_units():
     assert pieces.split(100, 0.0005) == [(0, 100)]
     p = pieces.split(37, 0.01, unit=4)

@@ -48,6 +48,12 @@ GEMM_MAX_BYTES = 64 << 20  # im2col's matrix (the gemm candidate) at most this b
 # offered on every map size, it won alone and lost in the model (ResNet-50: 1.10x the
 # run, DenseNet-121 1.15x, 1 thread, alternating processes)
 TGEMM_MAX_PIXELS = 400
+# Other convs are offered as the transposed product over im2col^T wherever the zero-padded copy
+# of the input it makes (kept in a per-thread buffer) is at most this big. 1 thread, against ORT:
+# 256->256 3x3 on 7x7 1.67 -> 1.19 (gemm -> tgemm), 512->512 1.41 -> 1.12, 256->256 3x3 stride 2
+# 1.56 -> 1.11, ResNet's 3->64 7x7 stride-2 stem 1.41 -> 1.25 (flat -> tgemm); Winograd keeps
+# the stride-1 3x3 convs on bigger maps (0.4-0.6)
+TGEMM_MAX_BYTES = 8 << 20
 ROUNDS = 2               # rounds of the close candidates after the first (choose says why)
 CLOSE = 1.5              # candidates within this of the first round's best are timed again
 MARGIN = 0.9             # another kernel replaces the rule's pick at <= this x its time
@@ -70,7 +76,8 @@ def path() -> Path:
 # time and its stride-2 fill in AVX-512; 5: a pointwise conv's im2col panels packed in groups;
 # 6: pointwise convs also as the transposed product; 7: its pixels packed first, ~1.3x faster
 # on 7x7 maps; 8: the im2col GEMM writes whole panels straight to the output and reads a
-# pointwise conv's input in place, up to 1.6x faster on big maps): choices measured against
+# pointwise conv's input in place, up to 1.6x faster on big maps, and every dense conv may run
+# as the transposed product): choices measured against
 # the old kernels are then measured again.
 KERNELS = 8
 
@@ -138,8 +145,12 @@ def candidates(c, m, group, geo, ho, wo, begin, end) -> list[str]:
             out.append("gemm")
     if geo[:6] == (3, 3, 1, 1, 1, 1) and min(c, m) >= 8:
         out.append("winograd")
-    if geo == (1, 1, 1, 1, 1, 1, 0, 0) and tuple(end) == (0, 0) and ho * wo <= TGEMM_MAX_PIXELS:
-        out.append("tgemm")  # pointwise on a small map: the transposed product (nativeconv._tgemm)
+    if geo == (1, 1, 1, 1, 1, 1, 0, 0) and tuple(end) == (0, 0):
+        if ho * wo <= TGEMM_MAX_PIXELS:
+            out.append("tgemm")  # pointwise on a small map: the transposed product (nativeconv._tgemm)
+    elif min(*begin, *end) >= 0 and 4 * c * ((ho - 1) * geo[2] + (kh - 1) * geo[4] + 1) \
+            * ((wo - 1) * geo[3] + (kw - 1) * geo[5] + 1) <= TGEMM_MAX_BYTES:
+        out.append("tgemm")  # any other: the same product over im2col^T (its padded input copied)
     return out
 
 
