@@ -14,23 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "act.h"
-
-/* 8 rows of 8 floats (r[i] = row i) transposed in registers: r[i][j] <- r[j][i]. */
-static inline void transpose8(__m256 r[8])
-{
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20); r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20); r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31); r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
+#include "transpose8.h"
 
 static inline __m256i first(int k)  /* lanes [0, k) set */
 {
@@ -47,7 +31,7 @@ static void interleave(float *dst, const float *const src[8], int nl, long n)
         __m256 r[8];
         for (int l = 0; l < 8; l++)
             r[l] = l >= nl ? _mm256_setzero_ps() : k == 8 ? _mm256_loadu_ps(src[l] + p) : _mm256_maskload_ps(src[l] + p, m);
-        transpose8(r);
+        npr_transpose8(r);
         for (int q = 0; q < k; q++) _mm256_storeu_ps(dst + (p + q) * 8, r[q]);
     }
 }
@@ -60,7 +44,7 @@ static void deinterleave(float *const dst[8], const float *src, int nl, long n)
         __m256i m = first(k);
         __m256 r[8];
         for (int q = 0; q < 8; q++) r[q] = q < k ? _mm256_loadu_ps(src + (p + q) * 8) : _mm256_setzero_ps();
-        transpose8(r);
+        npr_transpose8(r);
         for (int l = 0; l < nl; l++) {
             if (k == 8) _mm256_storeu_ps(dst[l] + p, r[l]);
             else _mm256_maskstore_ps(dst[l] + p, m, r[l]);

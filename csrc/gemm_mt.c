@@ -145,20 +145,44 @@ static void tpad_chunk(void *ctx, int i)
         }
 }
 
+/* the even floats of s[0..15] */
+static inline __m256 evens8(const float *s)
+{
+    __m256 a = _mm256_loadu_ps(s), b = _mm256_loadu_ps(s + 8);
+    __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));  /* a0 a2 b0 b2 | a4 a6 b4 b6 */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
 static void tpack_chunk(void *ctx, int i)
 {
     tpack_job *j = ctx;
     long lo = par_at(0, j->nb, i, j->chunks), hi = par_at(0, j->nb, i + 1, j->chunks);
+    const int mr = j->mr;
     long off[8];
     for (long b = lo; b < hi; b++) {
-        for (int r = 0; r < j->mr; r++) {
-            long q = j->q0 + b * j->mr + r < j->P ? j->q0 + b * j->mr + r : j->P - 1;
+        long q0 = j->q0 + b * mr;
+        for (int r = 0; r < mr; r++) {
+            long q = q0 + r < j->P ? q0 + r : j->P - 1;
             off[r] = (q / j->Wo) * j->sh * j->Wp + (q % j->Wo) * j->sw;
         }
-        float *d = j->ap + b * j->K * j->mr;
-        for (long k = 0; k < j->K; k++, d += j->mr) {
+        float *d = j->ap + b * j->K * mr;
+        long k = 0;
+        /* A block of pixels in one output row reads, under each tap, mr floats sw apart: one
+         * vector (sw 1) or the evens of two (sw 2), stored whole; 8 floats where a block has
+         * 6 (AVX2), so the last tap's are written one by one (the next block may be another
+         * thread's). Scalar elsewhere: a block across rows, other strides. The copy reads at
+         * most 16 floats past a tap's first, inside the scratch buffer (the packed blocks
+         * follow the padded input). */
+        if ((j->sw == 1 || j->sw == 2) && q0 + mr <= j->P && q0 % j->Wo + mr <= j->Wo) {
+            long kv = mr == 8 ? j->K : j->K - 1;
+            if (j->sw == 1)
+                for (; k < kv; k++, d += mr) _mm256_storeu_ps(d, _mm256_loadu_ps(j->xp + j->toff[k] + off[0]));
+            else
+                for (; k < kv; k++, d += mr) _mm256_storeu_ps(d, evens8(j->xp + j->toff[k] + off[0]));
+        }
+        for (; k < j->K; k++, d += mr) {
             const float *s = j->xp + j->toff[k];
-            for (int r = 0; r < j->mr; r++) d[r] = s[off[r]];
+            for (int r = 0; r < mr; r++) d[r] = s[off[r]];
         }
     }
 }

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <string.h>
 #include "act.h"
+#include "transpose8.h"
 void *npr_scratch(int slot, size_t bytes);  /* conv_gemm.c: per-thread scratch */
 
 /* erf(x) = x * S(x^2) on |x| < 0.5 */
