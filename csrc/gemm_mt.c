@@ -55,42 +55,13 @@ void npr_gemm_q8_range_mt(int isa512, const float *A, const signed char *Bq, con
     par_run(gemm_chunk, &j, chunks, threads);
 }
 
-/* ---- A pointwise conv on a small map as the transposed product (tr_gemm_tpl.h, GEMM_TCONV):
- * images one after the other, each image's panels of output channels [p0, p1) in `chunks` runs
- * (every panel is the same product in any run: pieces and thread counts keep the bits). */
-void npr_tconv_avx2(const float *, const float *, float *, const float *, long, long, long, long, long);
-void npr_tconv_avx512(const float *, const float *, float *, const float *, long, long, long, long, long);
-
-typedef struct {
-    int isa512, chunks;
-    const float *x, *bp, *bias;
-    float *y;
-    long P, K, M, p0, p1;
-} tconv_job;
-
-static void tconv_chunk(void *ctx, int i)
-{
-    tconv_job *j = ctx;
-    long p0 = par_at(j->p0, j->p1, i, j->chunks), p1 = par_at(j->p0, j->p1, i + 1, j->chunks);
-    if (p1 > p0)
-        (j->isa512 ? npr_tconv_avx512 : npr_tconv_avx2)(j->x, j->bp, j->y, j->bias, j->P, j->K, j->M, p0, p1);
-}
-
-void npr_tconv_range_mt(int isa512, const float *x, const float *Bp, float *y, const float *bias, long n,
-                        long P, long K, long M, long p0, long p1, int threads, int chunks)
-{
-    for (long i = 0; i < n; i++) {
-        tconv_job j = {isa512, chunks, x + i * K * P, Bp, bias, y + i * M * P, P, K, M, p0, p1};
-        par_run(tconv_chunk, &j, chunks, threads);
-    }
-}
-
-/* ---- Any dense conv on a small map as the transposed product: the pointwise one's above with
- * the input first laid out as im2col^T in its packed form. Per image, on the calling thread:
- * the input copied zero-padded (so no tap needs a bounds check), then Ap[block][k][r] = the
- * padded input under tap k (k = (c, ky, kx), W's own order) of the block's pixel r (MR
- * pixels a block, the last repeated past P), then the panels of output channels [p0, p1) in
- * `chunks` runs, each tile GEMM_TILE_TP's (nativeconv._tgemm says where it wins). */
+/* ---- A dense conv as the transposed product (tr_gemm_tpl.h GEMM_TCONV_AP): per image, the
+ * input copied zero-padded where a tap falls outside it (so no tap needs a bounds check; an
+ * unpadded conv, a pointwise one among them, is read in place), then, a group of pixel blocks
+ * at a time, Ap[block][k][r] = the input under tap k (k = (c, ky, kx), W's own order) of the
+ * block's pixel r (MR pixels a block, the last repeated past P), then the panels of output
+ * channels [p0, p1) over the group in `chunks` runs, each tile GEMM_TILE_TP's. Every step on
+ * the library's pool. nativeconv._tgemm says where it wins. */
 void npr_tconv_ap_avx2(const float *, const float *, float *, const float *, long, long, long, long, long, long);
 void npr_tconv_ap_avx512(const float *, const float *, float *, const float *, long, long, long, long, long, long);
 void *npr_scratch(int slot, size_t bytes);
@@ -125,6 +96,7 @@ typedef struct {
     float *xp, *ap;
     const long *toff;
     long C, H, W, Hp, Wp, pt, pl, K, P, Wo, sh, sw, q0, nb;
+    long limit;  /* floats readable from xp (a vector load may read past a tap's last) */
     int mr, chunks;
 } tpack_job;
 
@@ -170,15 +142,16 @@ static void tpack_chunk(void *ctx, int i)
         /* A block of pixels in one output row reads, under each tap, mr floats sw apart: one
          * vector (sw 1) or the evens of two (sw 2), stored whole; 8 floats where a block has
          * 6 (AVX2), so the last tap's are written one by one (the next block may be another
-         * thread's). Scalar elsewhere: a block across rows, other strides. The copy reads at
-         * most 16 floats past a tap's first, inside the scratch buffer (the packed blocks
-         * follow the padded input). */
+         * thread's). Scalar elsewhere: a block across rows, other strides, and the taps whose
+         * vector would read past `limit` (taps read in increasing order). */
         if ((j->sw == 1 || j->sw == 2) && q0 + mr <= j->P && q0 % j->Wo + mr <= j->Wo) {
-            long kv = mr == 8 ? j->K : j->K - 1;
+            long kv = mr == 8 ? j->K : j->K - 1, span = j->sw == 1 ? 8 : 16;
             if (j->sw == 1)
-                for (; k < kv; k++, d += mr) _mm256_storeu_ps(d, _mm256_loadu_ps(j->xp + j->toff[k] + off[0]));
+                for (; k < kv && j->toff[k] + off[0] + span <= j->limit; k++, d += mr)
+                    _mm256_storeu_ps(d, _mm256_loadu_ps(j->xp + j->toff[k] + off[0]));
             else
-                for (; k < kv; k++, d += mr) _mm256_storeu_ps(d, evens8(j->xp + j->toff[k] + off[0]));
+                for (; k < kv && j->toff[k] + off[0] + span <= j->limit; k++, d += mr)
+                    _mm256_storeu_ps(d, evens8(j->xp + j->toff[k] + off[0]));
         }
         for (; k < j->K; k++, d += mr) {
             const float *s = j->xp + j->toff[k];
@@ -194,10 +167,13 @@ int npr_tconvk_range_mt(int isa512, const float *x, long n, long C, long H, long
     const int mr = isa512 ? 8 : 6;
     const long P = Ho * Wo, taps = (long)kh * kw, K = C * taps, blocks = (P + mr - 1) / mr;
     long Hp = (Ho - 1) * sh + (long)(kh - 1) * dh + 1, Wp = (Wo - 1) * sw + (long)(kw - 1) * dw + 1;
+    /* no tap outside the input: read it in place, its own pitches */
+    int in_place = pt == 0 && pl == 0 && Hp <= H && Wp <= W;
+    if (in_place) Hp = H, Wp = W;
     long gb = TCONVK_GROUP_BYTES / ((long)sizeof(float) * mr * K);  /* blocks a group */
     if (gb < 1) gb = 1;
     if (gb > blocks) gb = blocks;
-    size_t xn = (size_t)(C * Hp * Wp), an = (size_t)(gb * K * mr);
+    size_t xn = in_place ? 0 : (size_t)(C * Hp * Wp), an = (size_t)(gb * K * mr);
     float *buf = npr_scratch(1, sizeof(float) * (xn + an) + sizeof(long) * (size_t)K);
     if (!buf) return -1;
     float *xp = buf, *ap = buf + xn;
@@ -208,9 +184,12 @@ int npr_tconvk_range_mt(int isa512, const float *x, long n, long C, long H, long
                 toff[(c * kh + ky) * kw + kx] = (c * Hp + (long)ky * dh) * Wp + (long)kx * dw;
     int pc = threads > 1 ? 2 * threads : 1;  /* chunks of the copy and of the packing */
     for (long i = 0; i < n; i++) {
-        tpack_job pj = {x + i * C * H * W, xp, ap, toff, C, H, W, Hp, Wp, pt, pl, K, P, Wo, sh, sw, 0, 0, mr,
-                        (int)(C < pc ? C : pc)};
-        par_run(tpad_chunk, &pj, pj.chunks, threads);
+        const float *xi = x + i * C * H * W;
+        /* (padded: the packed blocks follow the copy in the buffer, so a vector may run on) */
+        tpack_job pj = {xi, in_place ? (float *)xi : xp, ap, toff, C, H, W, Hp, Wp, pt, pl, K, P, Wo, sh, sw, 0, 0,
+                        in_place ? (n - i) * C * H * W : (long)(xn + an), mr, (int)(C < pc ? C : pc)};
+        if (!in_place)
+            par_run(tpad_chunk, &pj, pj.chunks, threads);
         /* groups of gb blocks: packed, then every panel over them (a tile's bits do not
          * depend on its group) */
         for (long b0 = 0; b0 < blocks; b0 += gb) {

@@ -196,45 +196,15 @@ void GEMM_Q8(const float *A, const signed char *Bq, const float *scale, float *C
     }
 }
 
-/* A pointwise conv on a small map as the transposed product, output channels in the vectors:
- *     y^T (P x M) = x^T (P x K) @ W^T (K x M) + bias,   x: (K, P) row-major (one image's planes)
- * x^T is read in place (pixel r of channel k at x[k*P + r], broadcast), W^T is packed once as
+/* A conv as the transposed product, output channels in the vectors:
+ *     y^T (P x M) = A (P x K) @ W^T (K x M) + bias,   A = im2col(x)^T (x itself for a pointwise conv)
+ * A is packed (gemm_mt.c npr_tconvk_range_mt) MR pixels per k side by side, W^T packed once as
  * any weight (GEMM_PACK of the K x M matrix), and each MR x NR tile (pixels x channels) is
- * written back into the planes y (M, P) through a small buffer. Against the im2col GEMM, whose
- * vectors run over pixels: no packing of the input each call, and a 7x7 map's 49 pixels take
- * 9 row blocks of 6 (54) instead of 4 panels of 16 (64). Panels [p0, p1) of output channels. */
-static inline __attribute__((always_inline)) void GEMM_TILE_T(const float *x, long P, long K, const float *Bp,
-        float *y, int mr, int nc, const float *bias)
-{
-    VEC c0[MR], c1[MR];
-    const float *a[MR];
-    for (int r = 0; r < MR; r++) {
-        c0[r] = VZERO(); c1[r] = VZERO();
-        a[r] = x + (r < mr ? r : mr - 1);
-    }
-#pragma GCC unroll 2
-    for (long k = 0; k < K; k++) {
-        VEC b0 = VLOAD(Bp + k * 2 * VL), b1 = VLOAD(Bp + k * 2 * VL + VL);
-        long o = k * P;
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; r++) {
-            VEC av = VSET1(a[r][o]);
-            c0[r] = VFMA(av, b0, c0[r]);
-            c1[r] = VFMA(av, b1, c1[r]);
-        }
-    }
-    float t[MR][2 * VL];
-    VEC bb0 = VLOAD(bias), bb1 = VLOAD(bias + VL);
-    for (int r = 0; r < MR; r++) {
-        VSTORE(t[r], VADD(c0[r], bb0));
-        VSTORE(t[r] + VL, VADD(c1[r], bb1));
-    }
-    for (int j = 0; j < nc; j++)
-        for (int r = 0; r < mr; r++) y[j * P + r] = t[r][j];
-}
-
-/* GEMM_TILE_T with x^T packed (GEMM_TCONV): Ap[k][MR], the block's MR pixels of channel k
- * side by side. The same sums in the same order as GEMM_TILE_T, so the same bits. */
+ * written back into the planes y (M, P). Against the im2col GEMM, whose vectors run over
+ * pixels: a 7x7 map's 49 pixels take 9 row blocks of 6 (54) instead of 4 panels of 16 (64), and
+ * the weights stream once per group of pixels, not once per panel of 16. */
+/* One tile: Ap[k][MR], the block's MR pixels under tap k side by side; sums over k in order
+ * from zero, then the bias. */
 static inline __attribute__((always_inline)) void GEMM_TILE_TP(const float *Ap, long P, long K, const float *Bp,
         float *y, int mr, int nc, const float *bias, int wide)
 {
@@ -279,15 +249,6 @@ static inline __attribute__((always_inline)) void GEMM_TILE_TP(const float *Ap, 
         for (int r = 0; r < mr; r++) y[j * P + r] = t[r][j];
 }
 
-#ifndef TCONV_PACK_PANELS
-#define TCONV_PACK_PANELS 4
-#endif
-
-/* bias: M floats padded to whole panels (zeros past M).
- * x^T is first packed into the thread's scratch, MR pixels per k side by side (a block's A
- * one contiguous run): read in place, each k of a tile touched a new line P floats on, and the
- * tile's K lines (20-60 KB) did not stay in L1 across panels (320->1280 on 7x7, 1 thread:
- * 64 -> see docs/cpu.md GF/s). Without scratch memory, the in-place tile. */
 /* Panels [p0, p1) of output channels over np pixels packed in Ap, into y's planes (P floats
  * apart: np may be a group of a bigger map's pixels). */
 void GEMM_TCONV_AP(const float *Ap, const float *Bp, float *y, const float *bias, long np, long P, long K, long M,
@@ -300,37 +261,6 @@ void GEMM_TCONV_AP(const float *Ap, const float *Bp, float *y, const float *bias
         for (long i = 0; i < np; i += MR) {
             int mr = (int)(np - i < MR ? np - i : MR);
             GEMM_TILE_TP(Ap + (i / MR) * K * MR, P, K, bp, y + col * P + i, mr, nc, bias + col, i + 8 <= np);
-        }
-    }
-}
-
-void GEMM_TCONV(const float *x, const float *Bp, float *y, const float *bias, long P, long K, long M,
-                long p0, long p1)
-{
-    long blocks = (P + MR - 1) / MR;
-    /* (packing is ~1/NR of a panel's FMAs per float: worth it from a few panels on) */
-    float *Ap = p1 - p0 >= TCONV_PACK_PANELS ? npr_scratch(0, sizeof(float) * (size_t)(blocks * K * MR)) : NULL;
-    if (Ap) {
-        for (long b = 0; b < blocks; b++) {
-            float *d = Ap + b * K * MR;
-            int mr = (int)(P - b * MR < MR ? P - b * MR : MR);
-            const float *s = x + b * MR;
-            if (mr == MR)
-                for (long k = 0; k < K; k++, d += MR, s += P) memcpy(d, s, sizeof(float) * MR);
-            else
-                for (long k = 0; k < K; k++, d += MR, s += P)
-                    for (int r = 0; r < MR; r++) d[r] = s[r < mr ? r : mr - 1];
-        }
-        GEMM_TCONV_AP(Ap, Bp, y, bias, P, P, K, M, p0, p1);
-        return;
-    }
-    for (long p = p0; p < p1; p++) {
-        long col = p * 2 * VL;
-        int nc = (int)(M - col < 2 * VL ? M - col : 2 * VL);
-        const float *bp = Bp + p * K * 2 * VL;
-        for (long i = 0; i < P; i += MR) {
-            int mr = (int)(P - i < MR ? P - i : MR);
-            GEMM_TILE_T(x + i, P, K, bp, y + col * P + i, mr, nc, bias + col);
         }
     }
 }

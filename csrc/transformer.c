@@ -285,8 +285,6 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define GEMM_NR npr_gemm_nr_avx2
 #define GEMM npr_gemm_avx2
 #define GEMM_Q8 npr_gemm_q8_avx2
-#define GEMM_TILE_T gemm_tile_t_avx2
-#define GEMM_TCONV npr_tconv_avx2
 #define GEMM_TCONV_AP npr_tconv_ap_avx2
 #define GEMM_TILE_TP gemm_tile_tp_avx2
 #define GEMM_ACT npr_gemm_act_avx2
@@ -310,8 +308,6 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #undef GEMM_NR
 #undef GEMM
 #undef GEMM_Q8
-#undef GEMM_TILE_T
-#undef GEMM_TCONV
 #undef GEMM_TCONV_AP
 #undef GEMM_TILE_TP
 #undef GEMM_ACT
@@ -347,8 +343,6 @@ static inline __m512 act256x2(__m512 v, int act, float a, float b)
 #define GEMM_NR npr_gemm_nr_avx512
 #define GEMM npr_gemm_avx512
 #define GEMM_Q8 npr_gemm_q8_avx512
-#define GEMM_TILE_T gemm_tile_t_avx512
-#define GEMM_TCONV npr_tconv_avx512
 #define GEMM_TCONV_AP npr_tconv_ap_avx512
 #define GEMM_TILE_TP gemm_tile_tp_avx512
 #define GEMM_ACT npr_gemm_act_avx512

@@ -204,11 +204,8 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         if group != 1 or min(*begin, *end) < 0:
             raise BackendError(f"cpu conv: algo='tgemm' needs a dense conv with pads >= 0, "
                                f"got weights {tuple(w.shape)}, group {group}, pads {begin + end}")
-        # (a pointwise conv reads its input as it is; any other goes through im2col^T, whose
-        # kernel also takes the output map's size)
-        kgeo = None if pointwise(geo, (h, wd), (ho, wo)) else (*geo, ho, wo)
         return _plan(cache, key, act_attrs, attrs, x, _tgemm_plan(x.shape, yshape, w, b, epi, threads, cache, flops,
-                                                                  kgeo))
+                                                                  (*geo, ho, wo)))
     if algo == "smallc" or (algo is None and min(*begin, *end) >= 0
                             and smallc_chosen(c, m, group, geo, isa or native.ISA)):
         if group != 1 or geo[2:6] != (1, 1, 1, 1) or min(*begin, *end) < 0:
@@ -635,24 +632,22 @@ def _gemm_plan(xshape, yshape, w, b, geo, end, epi, threads, cache, flops):
                       lambda x: _gemm(x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops), cache["gemm"])
 
 
-def _tgemm(x, w, b, code, alpha, beta, y, cache, threads=1, flops=0.0, geo=None):
+def _tgemm(x, w, b, code, alpha, beta, y, cache, threads, flops, geo):
     """A conv as the transposed product, output channels in the vectors (gemm_mt.c
-    npr_tconv_range_mt / npr_tconvk_range_mt, tr_gemm_tpl.h GEMM_TCONV): a pointwise conv's
-    input read as it is, any other's (`geo`: its geometry and output size) laid out as
-    im2col^T first; W^T packed once as any weight; bands of output-channel panels on the
-    threads, ranges of them as pieces; the activation over each piece's channels after it. For
-    small maps, where the im2col GEMM's 16-pixel panels run part empty (7x7: 64 columns for 49
-    pixels) and stream all the weights once per panel (a 3x3 conv from 256 channels: 2.4 MB,
-    four times); convtune measures it against the others."""
+    npr_tconvk_range_mt, tr_gemm_tpl.h GEMM_TCONV_AP): the input as im2col^T in packed blocks
+    of pixels (read in place where no tap falls outside it, else from a zero-padded copy), W^T
+    packed once as any weight; bands of output-channel panels on the threads, ranges of them
+    as pieces; the activation over each piece's channels after it. `geo`: the conv's geometry
+    and its output map's size. For small maps, where the im2col GEMM's 16-pixel panels run part
+    empty (7x7: 64 columns for 49 pixels) and stream all the weights once per panel (a 3x3 conv
+    from 256 channels: 2.4 MB, four times), and convs from few channels (K 27: RGB stems);
+    convtune measures it against the others."""
     n, m = x.shape[0], y.shape[1]
     args, panels, nr = _tgemm_args(x.shape, y.shape, w, b, cache, threads, geo)
     cut = pieces.cut(panels, flops * n / (PIECE_FLOPS * threads), cal=cache)
     for p0, p1 in pieces.each(cut):
         a = args(p0, p1)
-        if geo is None:
-            LIB.npr_tconv_range_mt(a[0], ptr(x), a[2], ptr(y), *a[4:])
-        else:
-            _check(LIB.npr_tconvk_range_mt(a[0], ptr(x), *a[2:17], ptr(y), *a[18:]))
+        _check(LIB.npr_tconvk_range_mt(a[0], ptr(x), *a[2:17], ptr(y), *a[18:]))
         if code:
             c0, c1 = p0 * nr, min(p1 * nr, m)
             for i in range(n):
@@ -661,10 +656,10 @@ def _tgemm(x, w, b, code, alpha, beta, y, cache, threads=1, flops=0.0, geo=None)
     return y
 
 
-def _tgemm_args(xshape, yshape, w, b, cache, threads, geo=None):
-    """(args(p0, p1): the kernel's arguments for channel panels [p0, p1), x and y left None
-    (npr_tconv_range_mt: slots 1 and 3; npr_tconvk_range_mt: 1 and 17); the number of
-    panels; the panel width). W^T and the bias packed once into the node's cache."""
+def _tgemm_args(xshape, yshape, w, b, cache, threads, geo):
+    """(args(p0, p1): npr_tconvk_range_mt's arguments for channel panels [p0, p1), x and y left
+    None (slots 1 and 17); the number of panels; the panel width). W^T and the bias packed once
+    into the node's cache."""
     n, c, h, wd = xshape
     m = yshape[1]
     k = w[0].size  # c * kh * kw: W^T's rows, in W's own order
@@ -680,26 +675,18 @@ def _tgemm_args(xshape, yshape, w, b, cache, threads, geo=None):
             bias[:m] = b
         cache["tgemm"] = (bp, bias)
     bp, bias = (ptr(a) for a in cache["tgemm"])
-    chunks = (lambda p0, p1: max(1, min(threads * 2, p1 - p0)) if threads > 1 else 1)
 
-    if geo is None:
-        def args(p0, p1):
-            return (int(isa == "avx512"), None, bp, None, bias, n, h * wd, c, m, p0, p1, threads, chunks(p0, p1))
-    else:
-        def args(p0, p1):
-            return (int(isa == "avx512"), None, n, c, h, wd, *geo[:8], *geo[8:], bp, None, bias, m, p0, p1,
-                    threads, chunks(p0, p1))
+    def args(p0, p1):
+        return (int(isa == "avx512"), None, n, c, h, wd, *geo, bp, None, bias, m, p0, p1, threads,
+                max(1, min(threads * 2, p1 - p0)) if threads > 1 else 1)
     return args, panels, nr
 
 
-def _tgemm_plan(xshape, yshape, w, b, epi, threads, cache, flops, geo=None):
+def _tgemm_plan(xshape, yshape, w, b, epi, threads, cache, flops, geo):
     """run(x) -> y: _tgemm's product and its activation (over all of y when it runs whole)
     bound once; pieces on a contended device through _tgemm itself."""
     args, panels, _ = _tgemm_args(xshape, yshape, w, b, cache, threads, geo)
-    if geo is None:
-        whole = native.bound(LIB.npr_tconv_range_mt, args(0, panels), 1, 3)
-    else:
-        whole = native.bound(LIB.npr_tconvk_range_mt, args(0, panels), 1, 17)
+    whole = native.bound(LIB.npr_tconvk_range_mt, args(0, panels), 1, 17)
     size = int(np.prod(yshape))
     act = native.bound(LIB.npr_activation, (None, None, size, *epi), 0, 1) if epi[0] else None
     secs = flops * xshape[0] / (PIECE_FLOPS * threads)
@@ -708,7 +695,7 @@ def _tgemm_plan(xshape, yshape, w, b, epi, threads, cache, flops, geo=None):
         y = empty(yshape)
         if pieces.wanted(secs, cache):
             return _tgemm(x, w, b, *epi, y, cache, threads, flops, geo)
-        _check(whole(x, y)) if geo is not None else whole(x, y)
+        _check(whole(x, y))
         if act is not None:
             act(y, y)
         return y
