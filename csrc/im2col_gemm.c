@@ -13,6 +13,7 @@
  * call, so pieces (ranges of panels) are bit-identical to it. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 #include "par.h"
 
@@ -117,8 +118,14 @@ static void multiply_out(const ig_job *j, const float *bp, float *tile, long col
     }
 }
 
-#ifndef PW_IN_PLACE
-#define PW_IN_PLACE 1
+#ifndef PW_IN_PLACE_BYTES
+/* A pointwise conv's input is read in place (no packing) where each of a tile's K rows is one
+ * cache line (planes of a multiple of 16 floats, on a line) and they span at most this much
+ * (each row is another page once a plane outgrows 4 KB; past the second-level TLB's reach the
+ * packed panels won). 1 thread, in place / packed: 144->24 on 56x56 (1.8 MB) 0.61, 16->96 on
+ * 112x112 0.63; rows across two lines: 728->728 on 37x37 1.29, 728->728 on 19x19 1.10, 256->728
+ * on 37x37 1.18; 128->128 on 147x147 (11 MB) 1.11 (Keras Xception). */
+#define PW_IN_PLACE_BYTES (2L << 20)
 #endif
 
 #ifndef PW_GROUP_BYTES
@@ -152,11 +159,12 @@ static void pw_group(const ig_job *j, long p, int np, float *bp, float *tile)
     const int nr = j->nr;
     const long hw = j->Ho * j->Wo, K = j->K1 - 1, col0 = p * nr, N = (long)np * nr;
     int nc = (int)(j->pixels - col0 < N ? j->pixels - col0 : N);
-    if (PW_IN_PLACE && nc == N && col0 % hw + N <= hw) {
-        long img = col0 / hw, pix = col0 % hw;
-        (j->isa512 ? npr_gemm_act_avx512 : npr_gemm_act_avx2)(j->wb, j->K1, j->x + img * j->C * hw + pix, hw, nr,
-                                                              j->y + img * j->M * hw + pix, hw, j->M, K, 0, np, 1,
-                                                              j->act, j->alpha, j->beta);
+    const float *xs = j->x + (col0 / hw) * j->C * hw + col0 % hw;  /* the group's first column */
+    if (nc == N && col0 % hw + N <= hw && hw % 16 == 0 && (uintptr_t)xs % 64 == 0
+        && (long)sizeof(float) * K * hw <= PW_IN_PLACE_BYTES) {
+        (j->isa512 ? npr_gemm_act_avx512 : npr_gemm_act_avx2)(j->wb, j->K1, xs, hw, nr,
+                                                              j->y + (col0 / hw) * j->M * hw + col0 % hw, hw, j->M,
+                                                              K, 0, np, 1, j->act, j->alpha, j->beta);
         return;
     }
     for (long k = 0; k < K; k++)
