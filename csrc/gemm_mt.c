@@ -64,22 +64,31 @@ void npr_gemm_q8_range_mt(int isa512, const float *A, const signed char *Bq, con
  * the library's pool. nativeconv._tgemm says where it wins. */
 void npr_tconv_ap_avx2(const float *, const float *, float *, const float *, long, long, long, long, long, long);
 void npr_tconv_ap_avx512(const float *, const float *, float *, const float *, long, long, long, long, long, long);
+void npr_activation(const float *x, float *y, long n, int act, float alpha, float beta);
 void *npr_scratch(int slot, size_t bytes);
 
 typedef struct {
-    int isa512, chunks;
+    int isa512, chunks, act;
+    float alpha, beta;
     const float *ap, *bp, *bias;
     float *y;
     long np, P, K, M, p0, p1;  /* np pixels from y, whose channel planes are P apart */
 } tconvk_job;
 
+/* Panels [p0, p1) of a chunk over the group's pixels, then the activation over those pixels of
+ * the panels' channels (act.h's, lane by lane: the bits whatever the group or piece). */
 static void tconvk_chunk(void *ctx, int i)
 {
     tconvk_job *j = ctx;
     long p0 = par_at(j->p0, j->p1, i, j->chunks), p1 = par_at(j->p0, j->p1, i + 1, j->chunks);
-    if (p1 > p0)
-        (j->isa512 ? npr_tconv_ap_avx512 : npr_tconv_ap_avx2)(j->ap, j->bp, j->y, j->bias, j->np, j->P, j->K, j->M,
-                                                              p0, p1);
+    if (p1 <= p0) return;
+    (j->isa512 ? npr_tconv_ap_avx512 : npr_tconv_ap_avx2)(j->ap, j->bp, j->y, j->bias, j->np, j->P, j->K, j->M,
+                                                          p0, p1);
+    if (j->act) {
+        long nr = j->isa512 ? 32 : 16, m1 = p1 * nr < j->M ? p1 * nr : j->M;
+        for (long m = p0 * nr; m < m1; m++)
+            npr_activation(j->y + m * j->P, j->y + m * j->P, j->np, j->act, j->alpha, j->beta);
+    }
 }
 
 #ifndef TCONVK_GROUP_BYTES
@@ -160,12 +169,17 @@ static void tpack_chunk(void *ctx, int i)
     }
 }
 
+/* Pixel blocks [u0, u1) of the n images' n * blocks (block u: image u / blocks, pixels
+ * MR * (u % blocks) on), all channels, with the activation: the whole conv, or a piece of it
+ * between preemption points (ranges of pixels; every tile is computed as in the whole call). */
 int npr_tconvk_range_mt(int isa512, const float *x, long n, long C, long H, long W, int kh, int kw, int sh, int sw,
                         int dh, int dw, int pt, int pl, long Ho, long Wo, const float *Bp, float *y,
-                        const float *bias, long M, long p0, long p1, int threads, int chunks)
+                        const float *bias, long M, int act, float alpha, float beta, long u0, long u1, int threads,
+                        int chunks)
 {
     const int mr = isa512 ? 8 : 6;
     const long P = Ho * Wo, taps = (long)kh * kw, K = C * taps, blocks = (P + mr - 1) / mr;
+    const long panels = (M + 2L * (isa512 ? 16 : 8) - 1) / (2L * (isa512 ? 16 : 8));
     long Hp = (Ho - 1) * sh + (long)(kh - 1) * dh + 1, Wp = (Wo - 1) * sw + (long)(kw - 1) * dw + 1;
     /* no tap outside the input: read it in place, its own pitches */
     int in_place = pt == 0 && pl == 0 && Hp <= H && Wp <= W;
@@ -183,7 +197,8 @@ int npr_tconvk_range_mt(int isa512, const float *x, long n, long C, long H, long
             for (int kx = 0; kx < kw; kx++)
                 toff[(c * kh + ky) * kw + kx] = (c * Hp + (long)ky * dh) * Wp + (long)kx * dw;
     int pc = threads > 1 ? 2 * threads : 1;  /* chunks of the copy and of the packing */
-    for (long i = 0; i < n; i++) {
+    for (long i = u0 / blocks; i < n && i * blocks < u1; i++) {
+        long b_lo = u0 > i * blocks ? u0 - i * blocks : 0, b_hi = u1 - i * blocks < blocks ? u1 - i * blocks : blocks;
         const float *xi = x + i * C * H * W;
         /* (padded: the packed blocks follow the copy in the buffer, so a vector may run on) */
         tpack_job pj = {xi, in_place ? (float *)xi : xp, ap, toff, C, H, W, Hp, Wp, pt, pl, K, P, Wo, sh, sw, 0, 0,
@@ -192,13 +207,14 @@ int npr_tconvk_range_mt(int isa512, const float *x, long n, long C, long H, long
             par_run(tpad_chunk, &pj, pj.chunks, threads);
         /* groups of gb blocks: packed, then every panel over them (a tile's bits do not
          * depend on its group) */
-        for (long b0 = 0; b0 < blocks; b0 += gb) {
-            long nb = blocks - b0 < gb ? blocks - b0 : gb, q0 = b0 * mr;
+        for (long b0 = b_lo; b0 < b_hi; b0 += gb) {
+            long nb = b_hi - b0 < gb ? b_hi - b0 : gb, q0 = b0 * mr;
             pj.q0 = q0, pj.nb = nb, pj.chunks = (int)(nb < pc ? nb : pc);
             par_run(tpack_chunk, &pj, pj.chunks, threads);
             /* the group's pixels [q0, q0 + np) as a map of its own: rows P apart in y */
             long np = P - q0 < nb * mr ? P - q0 : nb * mr;
-            tconvk_job j = {isa512, chunks, ap, Bp, bias, y + i * M * P + q0, np, P, K, M, p0, p1};
+            tconvk_job j = {isa512, chunks, act, alpha, beta, ap, Bp, bias, y + i * M * P + q0, np, P, K, M, 0,
+                            panels};
             par_run(tconvk_chunk, &j, chunks, threads);
         }
     }

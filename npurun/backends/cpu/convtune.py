@@ -78,9 +78,10 @@ def path() -> Path:
 # on 7x7 maps; 8: the im2col GEMM writes whole panels straight to the output and reads a
 # pointwise conv's input in place, up to 1.6x faster on big maps; 9: every dense conv may run as
 # the transposed product; 10: its copy and packing on the threads; 11: its tile stored by
-# transposes, ~1.2x on convs from RGB; 12: pointwise ones packed once for all threads): choices
+# transposes, ~1.2x on convs from RGB; 12: pointwise ones packed once for all threads; 13: its
+# activation per group of pixels, in C): choices
 # measured against the old kernels (or without a candidate now offered) are measured again.
-KERNELS = 12
+KERNELS = 13
 
 
 def machine() -> str:

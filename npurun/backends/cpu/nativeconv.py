@@ -636,30 +636,24 @@ def _tgemm(x, w, b, code, alpha, beta, y, cache, threads, flops, geo):
     """A conv as the transposed product, output channels in the vectors (gemm_mt.c
     npr_tconvk_range_mt, tr_gemm_tpl.h GEMM_TCONV_AP): the input as im2col^T in packed blocks
     of pixels (read in place where no tap falls outside it, else from a zero-padded copy), W^T
-    packed once as any weight; bands of output-channel panels on the threads, ranges of them
-    as pieces; the activation over each piece's channels after it. `geo`: the conv's geometry
-    and its output map's size. For small maps, where the im2col GEMM's 16-pixel panels run part
-    empty (7x7: 64 columns for 49 pixels) and stream all the weights once per panel (a 3x3 conv
-    from 256 channels: 2.4 MB, four times), and convs from few channels (K 27: RGB stems);
-    convtune measures it against the others."""
-    n, m = x.shape[0], y.shape[1]
-    args, panels, nr = _tgemm_args(x.shape, y.shape, w, b, cache, threads, geo)
-    cut = pieces.cut(panels, flops * n / (PIECE_FLOPS * threads), cal=cache)
-    for p0, p1 in pieces.each(cut):
-        a = args(p0, p1)
+    packed once as any weight; the output channels' panels in bands on the threads, the
+    activation after each band; pieces on a contended device are ranges of pixel blocks (a conv
+    with few output channels has one or two panels). `geo`: the conv's geometry and its output
+    map's size. For small maps, where the im2col GEMM's 16-pixel panels run part empty (7x7: 64
+    columns for 49 pixels) and stream all the weights once per panel (a 3x3 conv from 256
+    channels: 2.4 MB, four times), and convs from few channels (K 27: RGB stems); convtune
+    measures it against the others."""
+    args, units = _tgemm_args(x.shape, y.shape, w, b, (code, alpha, beta), cache, threads, geo)
+    for u0, u1 in pieces.each(pieces.cut(units, flops * x.shape[0] / (PIECE_FLOPS * threads), cal=cache)):
+        a = args(u0, u1)
         _check(LIB.npr_tconvk_range_mt(a[0], ptr(x), *a[2:17], ptr(y), *a[18:]))
-        if code:
-            c0, c1 = p0 * nr, min(p1 * nr, m)
-            for i in range(n):
-                part = y[i, c0:c1]  # (channels c0..c1 of image i: one contiguous block)
-                LIB.npr_activation(ptr(part), ptr(part), part.size, code, alpha, beta)
     return y
 
 
-def _tgemm_args(xshape, yshape, w, b, cache, threads, geo):
-    """(args(p0, p1): npr_tconvk_range_mt's arguments for channel panels [p0, p1), x and y left
-    None (slots 1 and 17); the number of panels; the panel width). W^T and the bias packed once
-    into the node's cache."""
+def _tgemm_args(xshape, yshape, w, b, epi, cache, threads, geo):
+    """(args(u0, u1): npr_tconvk_range_mt's arguments for pixel blocks [u0, u1) of all images, x
+    and y left None (slots 1 and 17); the number of blocks). W^T and the bias packed once into
+    the node's cache."""
     n, c, h, wd = xshape
     m = yshape[1]
     k = w[0].size  # c * kh * kw: W^T's rows, in W's own order
@@ -675,32 +669,21 @@ def _tgemm_args(xshape, yshape, w, b, cache, threads, geo):
             bias[:m] = b
         cache["tgemm"] = (bp, bias)
     bp, bias = (ptr(a) for a in cache["tgemm"])
+    mr = 8 if isa == "avx512" else 6  # (the tile's pixels: tr_gemm_tpl.h MR)
+    blocks = -(-(geo[8] * geo[9]) // mr)
+    chunks = max(1, min(threads * 2, panels)) if threads > 1 else 1
 
-    def args(p0, p1):
-        return (int(isa == "avx512"), None, n, c, h, wd, *geo, bp, None, bias, m, p0, p1, threads,
-                max(1, min(threads * 2, p1 - p0)) if threads > 1 else 1)
-    return args, panels, nr
+    def args(u0, u1):
+        return (int(isa == "avx512"), None, n, c, h, wd, *geo, bp, None, bias, m, *epi, u0, u1, threads, chunks)
+    return args, n * blocks
 
 
 def _tgemm_plan(xshape, yshape, w, b, epi, threads, cache, flops, geo):
-    """run(x) -> y: _tgemm's product and its activation (over all of y when it runs whole)
-    bound once; pieces on a contended device through _tgemm itself."""
-    args, panels, _ = _tgemm_args(xshape, yshape, w, b, cache, threads, geo)
-    whole = native.bound(LIB.npr_tconvk_range_mt, args(0, panels), 1, 17)
-    size = int(np.prod(yshape))
-    act = native.bound(LIB.npr_activation, (None, None, size, *epi), 0, 1) if epi[0] else None
-    secs = flops * xshape[0] / (PIECE_FLOPS * threads)
-
-    def run(x):
-        y = empty(yshape)
-        if pieces.wanted(secs, cache):
-            return _tgemm(x, w, b, *epi, y, cache, threads, flops, geo)
-        _check(whole(x, y))
-        if act is not None:
-            act(y, y)
-        return y
-    run.keep = cache["tgemm"]  # kept alive with the plan (the bound calls hold their addresses)
-    return run
+    """run(x) -> y: _tgemm's call bound once; pieces on a contended device through _tgemm."""
+    args, units = _tgemm_args(xshape, yshape, w, b, epi, cache, threads, geo)
+    return _bound_run([native.bound(LIB.npr_tconvk_range_mt, args(0, units), 1, 17)], yshape,
+                      flops * xshape[0] / (PIECE_FLOPS * threads), cache,
+                      lambda x: _tgemm(x, w, b, *epi, empty(yshape), cache, threads, flops, geo), cache["tgemm"])
 
 
 def pointwise(geo: tuple, in_hw: tuple, out_hw: tuple) -> bool:
