@@ -79,8 +79,8 @@ def path() -> Path:
 # pointwise conv's input in place, up to 1.6x faster on big maps; 9: every dense conv may run as
 # the transposed product; 10: its copy and packing on the threads; 11: its tile stored by
 # transposes, ~1.2x on convs from RGB; 12: pointwise ones packed once for all threads; 13: its
-# activation per group of pixels, in C): choices
-# measured against the old kernels (or without a candidate now offered) are measured again.
+# activation per group of pixels, in C): choices measured against the old kernels (or without a
+# candidate now offered) are measured again.
 KERNELS = 13
 
 
