@@ -43,15 +43,16 @@ from .. import pieces
 TUNE_MIN_FLOPS = 2e6     # ~50 us at the slow end: below, any kernel will do
 TUNE_MAX_FLOPS = 2e9     # ~50 ms at 40 GFLOP/s: above, the rule
 GEMM_MAX_BYTES = 64 << 20  # im2col's matrix (the gemm candidate) at most this big
-# A pointwise conv's map at most this big is also measured as the transposed product: it reads
-# the input K times over, one stream per channel, fine while the map stays in L2 (7x7-20x20);
-# offered on every map size, it won alone and lost in the model (ResNet-50: 1.10x the
-# run, DenseNet-121 1.15x, 1 thread, alternating processes)
+# A pointwise conv's map at most this big is also measured as the transposed product. Offered
+# on every map size it won alone and lost in the model: when it read the input in place,
+# ResNet-50 1.10x the run and DenseNet-121 1.15x (1 thread); with its pixels packed in groups
+# (2026-12-04, night), 0.97-0.99 at 1 thread but Keras Xception 1.09x at 2 (in-model, two
+# processes alternating)
 TGEMM_MAX_PIXELS = 400
 # Other convs are offered as the transposed product over im2col^T wherever the zero-padded copy
 # of the input it makes (kept in a per-thread buffer) is at most this big. 1 thread, against ORT:
-# 256->256 3x3 on 7x7 1.67 -> 1.19 (gemm -> tgemm), 512->512 1.41 -> 1.12, 256->256 3x3 stride 2
-# 1.56 -> 1.11, ResNet's 3->64 7x7 stride-2 stem 1.41 -> 1.25 (flat -> tgemm); Winograd keeps
+# 256->256 3x3 on 7x7 1.67 -> 1.18 (gemm -> tgemm), 512->512 1.41 -> 1.12, 256->256 3x3 stride 2
+# 1.56 -> 1.11, ResNet's 3->64 7x7 stride-2 stem 1.41 -> 1.11 (flat -> tgemm); Winograd keeps
 # the stride-1 3x3 convs on bigger maps (0.4-0.6)
 TGEMM_MAX_BYTES = 8 << 20
 ROUNDS = 2               # rounds of the close candidates after the first (choose says why)

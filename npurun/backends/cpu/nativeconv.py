@@ -73,7 +73,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     """algo: None picks by measurement (convtune: the fastest kernel for this shape on this
     machine, timed on its first call) where convtune measures, else as "rule" does; "rule" picks
     by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen / dw_lanes_chosen; "direct",
-    "winograd", "flat", "gemm", "tgemm" (a pointwise conv as the transposed product, _tgemm),
+    "winograd", "flat", "gemm", "tgemm" (the transposed product, output channels in the vectors, _tgemm),
     "smallc", "dw_lanes" (depthwise with the channels in the lanes; "direct" is the per-channel
     one) forces one (tests, benches).
     memo: `cache` is one node's, whose weights, attributes and activation never change (a
