@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "act.h"
+#include "transpose8.h"
 
 #define MR 4  /* output channels per tile; weights are packed for it */
 
@@ -66,12 +67,8 @@ void npr_activation(const float *x, float *y, long n, int act, float alpha, floa
 static void copy_even(float *dst, const float *src, int n)
 {
     int i = 0;
-    for (; i + 9 <= n; i += 8) {  /* reads src[2i .. 2i+15] <= src[2(n-1)] */
-        __m256 a = _mm256_loadu_ps(src + 2 * i), b = _mm256_loadu_ps(src + 2 * i + 8);
-        __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));  /* a0 a2 b0 b2 | a4 a6 b4 b6 */
-        e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
-        _mm256_storeu_ps(dst + i, e);
-    }
+    for (; i + 9 <= n; i += 8)  /* reads src[2i .. 2i+15] <= src[2(n-1)] */
+        _mm256_storeu_ps(dst + i, npr_evens8(src + 2 * i));
     for (; i < n; i++) dst[i] = src[2 * i];
 }
 

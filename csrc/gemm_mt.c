@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <string.h>
 #include "par.h"
+#include "transpose8.h"
 
 void npr_gemm_avx2(const float *, const float *, float *, const float *, const float *, long, long, long, long, long);
 void npr_gemm_avx512(const float *, const float *, float *, const float *, const float *, long, long, long, long, long);
@@ -72,7 +73,7 @@ typedef struct {
     float alpha, beta;
     const float *ap, *bp, *bias;
     float *y;
-    long np, P, K, M, p0, p1;  /* np pixels from y, whose channel planes are P apart */
+    long np, P, K, M, nr, panels;  /* np pixels from y, whose channel planes are P apart */
 } tconvk_job;
 
 /* Panels [p0, p1) of a chunk over the group's pixels, then the activation over those pixels of
@@ -80,13 +81,13 @@ typedef struct {
 static void tconvk_chunk(void *ctx, int i)
 {
     tconvk_job *j = ctx;
-    long p0 = par_at(j->p0, j->p1, i, j->chunks), p1 = par_at(j->p0, j->p1, i + 1, j->chunks);
+    long p0 = par_at(0, j->panels, i, j->chunks), p1 = par_at(0, j->panels, i + 1, j->chunks);
     if (p1 <= p0) return;
     (j->isa512 ? npr_tconv_ap_avx512 : npr_tconv_ap_avx2)(j->ap, j->bp, j->y, j->bias, j->np, j->P, j->K, j->M,
                                                           p0, p1);
     if (j->act) {
-        long nr = j->isa512 ? 32 : 16, m1 = p1 * nr < j->M ? p1 * nr : j->M;
-        for (long m = p0 * nr; m < m1; m++)
+        long m1 = p1 * j->nr < j->M ? p1 * j->nr : j->M;
+        for (long m = p0 * j->nr; m < m1; m++)
             npr_activation(j->y + m * j->P, j->y + m * j->P, j->np, j->act, j->alpha, j->beta);
     }
 }
@@ -126,14 +127,6 @@ static void tpad_chunk(void *ctx, int i)
         }
 }
 
-/* the even floats of s[0..15] */
-static inline __m256 evens8(const float *s)
-{
-    __m256 a = _mm256_loadu_ps(s), b = _mm256_loadu_ps(s + 8);
-    __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));  /* a0 a2 b0 b2 | a4 a6 b4 b6 */
-    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
-}
-
 static void tpack_chunk(void *ctx, int i)
 {
     tpack_job *j = ctx;
@@ -160,7 +153,7 @@ static void tpack_chunk(void *ctx, int i)
                     _mm256_storeu_ps(d, _mm256_loadu_ps(j->xp + j->toff[k] + off[0]));
             else
                 for (; k < kv && j->toff[k] + off[0] + span <= j->limit; k++, d += mr)
-                    _mm256_storeu_ps(d, evens8(j->xp + j->toff[k] + off[0]));
+                    _mm256_storeu_ps(d, npr_evens8(j->xp + j->toff[k] + off[0]));
         }
         for (; k < j->K; k++, d += mr) {
             const float *s = j->xp + j->toff[k];
@@ -179,7 +172,7 @@ int npr_tconvk_range_mt(int isa512, const float *x, long n, long C, long H, long
 {
     const int mr = isa512 ? 8 : 6;
     const long P = Ho * Wo, taps = (long)kh * kw, K = C * taps, blocks = (P + mr - 1) / mr;
-    const long panels = (M + 2L * (isa512 ? 16 : 8) - 1) / (2L * (isa512 ? 16 : 8));
+    const long nr = isa512 ? 32 : 16, panels = (M + nr - 1) / nr;  /* output-channel panels (GEMM_NR) */
     long Hp = (Ho - 1) * sh + (long)(kh - 1) * dh + 1, Wp = (Wo - 1) * sw + (long)(kw - 1) * dw + 1;
     /* no tap outside the input: read it in place, its own pitches */
     int in_place = pt == 0 && pl == 0 && Hp <= H && Wp <= W;
@@ -213,7 +206,7 @@ int npr_tconvk_range_mt(int isa512, const float *x, long n, long C, long H, long
             par_run(tpack_chunk, &pj, pj.chunks, threads);
             /* the group's pixels [q0, q0 + np) as a map of its own: rows P apart in y */
             long np = P - q0 < nb * mr ? P - q0 : nb * mr;
-            tconvk_job j = {isa512, chunks, act, alpha, beta, ap, Bp, bias, y + i * M * P + q0, np, P, K, M, 0,
+            tconvk_job j = {isa512, chunks, act, alpha, beta, ap, Bp, bias, y + i * M * P + q0, np, P, K, M, nr,
                             panels};
             par_run(tconvk_chunk, &j, chunks, threads);
         }

@@ -1,7 +1,6 @@
-/* An 8x8 block of floats transposed in AVX2 registers: r[i][j] <- r[j][i] (the unpack /
- * shuffle / 128-bit permute sequence). Shared by the kernels that move between channels-in-
- * lanes and channels-in-planes layouts (dwconv_cl.c, transpose.c, the transposed product's tile
- * store in tr_gemm_tpl.h). */
+/* Register shuffles shared by the kernels that regroup floats: an 8x8 block transposed
+ * (dwconv_cl.c, transpose.c, the transposed product's tile store in tr_gemm_tpl.h), and the even
+ * floats of 16 (stride-2 reads: conv.c's depthwise fill, gemm_mt.c's im2col^T packing). */
 #ifndef NPR_TRANSPOSE8_H
 #define NPR_TRANSPOSE8_H
 #include <immintrin.h>
@@ -20,6 +19,14 @@ static inline void npr_transpose8(__m256 r[8])
     r[2] = _mm256_permute2f128_ps(s2, s6, 0x20); r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
     r[4] = _mm256_permute2f128_ps(s0, s4, 0x31); r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
     r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* the even floats of s[0..15], in order */
+static inline __m256 npr_evens8(const float *s)
+{
+    __m256 a = _mm256_loadu_ps(s), b = _mm256_loadu_ps(s + 8);
+    __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));  /* a0 a2 b0 b2 | a4 a6 b4 b6 */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
 #endif
