@@ -399,6 +399,63 @@ def test_run_inline_runs_on_the_calling_thread_and_counts_like_a_task():
     assert (t["name"], t["outcome"], t["priority"], t["steps_done"], t["macs_done"], t["run_s"]) == ("solo", "ok", 1, 3, 18, 3.0)
 
 
+def _history(s):
+    """Everything a quiet run's deferred bookkeeping touches, as plain values."""
+    st = s.stats()  # (takes the lock: accounts what was deferred)
+    adm = {g: (v.priority, v.period, v.next_at, list(v.arrivals)) for g, v in s.admission.streams.items()}
+    pace = sorted(repr(tuple(r)) for r in s.pace._runs.values())
+    return (st, s.tasks(), dict(s._vtime), dict(s._recent), adm, s.admission.active_until,
+            s.admission.holding_priority, pace)
+
+
+def test_quiet_runs_accounted_later_leave_what_accounting_at_once_leaves(monkeypatch):
+    """Inline runs on an idle device are accounted when the lock is next taken (Scheduler.
+    _defer): the counters, listings, fair-share times, admission's streams and pace learned
+    are those of accounting each run at once, through periodic streams, a switch of priority
+    and group, a failure, a submitted task and more runs than BACKLOG."""
+    from npurun.runtime import scheduler as sched_mod
+
+    def history(defer: bool):
+        clock, log = FakeClock(), []
+        s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+        if not defer:
+            monkeypatch.setattr(s, "_defer", lambda task, now: False)
+        a, b = Chain("a", 2, log, clock, dt=0.001), Chain("b", 3, log, clock, dt=0.002)
+        for i in range(sched_mod.BACKLOG + 5):  # a periodic stream of a, then of b, then a again
+            clock.advance(0.005)
+            s.run_inline(a.program, X, priority=2, step_macs=[3, 4])
+        for i in range(9):
+            clock.advance(0.004)
+            s.run_inline(b.program, X, priority=1, step_macs=[1, 1, 1])
+
+        def boom():
+            raise ValueError("bad")
+        with pytest.raises(NpurunError):
+            s.run_inline(Chain("a", 2, log, clock, hooks={0: boom}).program, X, priority=2, name="a")
+        for i in range(5):
+            clock.advance(0.005)
+            s.run_inline(a.program, X, priority=2)
+        s.submit(b.program, X, priority=1).result(timeout=10)
+        # a task submitted during a quiet run (which is then accounted at once): the device
+        # was shared, so the quiet runs right after it are not its pace's runs alone
+        later = []
+        c = Chain("c", 2, log, clock, dt=0.001, hooks={0: lambda: later.append(s.submit(b.program, X, priority=3))})
+        s.run_inline(c.program, X, priority=2)
+        later[0].result(timeout=10)
+        for i in range(4):
+            clock.advance(0.005)
+            s.run_inline(a.program, X, priority=2)
+        for i in range(3):
+            clock.advance(0.005)
+            s.run_inline(a.program, X, priority=3)
+        return _history(s), a.calls + b.calls
+
+    deferred, at_once = history(True), history(False)
+    assert deferred[1] == at_once[1] > 0
+    for got, want in zip(deferred[0], at_once[0]):
+        assert got == want
+
+
 def test_run_inline_declines_a_busy_or_paused_device_and_changes_nothing():
     clock, log = FakeClock(), []
     s = Scheduler(1, quantum=100, aging=1000, clock=clock)
