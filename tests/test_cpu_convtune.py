@@ -165,6 +165,25 @@ def test_transposed_conv_over_im2col_matches_reference(case, threads, rng):
     assert np.array_equal(whole, other)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_rule_runs_one_row_convs_as_the_transposed_product(threads, rng, monkeypatch):
+    """Where convtune does not measure, a conv of one output row with a window wider than a
+    pixel (a 1-D conv) runs as the transposed product, which splits channels over the threads
+    (the implicit GEMM splits rows: it had one); the reference's result. A 2-D conv and a
+    pointwise row keep the other kernels."""
+    monkeypatch.setenv("NPURUN_CONV_TUNE", "0")
+    cases = [((1, 12, 1, 50), (16, 12, 1, 3), {"strides": [1, 2]}, True),
+             ((2, 5, 1, 40), (8, 5, 1, 4), {"pads": [0, 1, 0, 2], "dilations": [1, 2]}, True),
+             ((1, 12, 5, 50), (16, 12, 1, 3), {}, False), ((1, 12, 1, 50), (16, 12, 1, 1), {}, False)]
+    for xs, ws, a, one_row in cases:
+        x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])
+        cache = {}
+        got = nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, threads, cache)
+        want = KERNELS["conv"](x, w, b, activation="relu", activation_params=(), **_attrs(a))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert ("tgemm" in cache) == one_row, (xs, ws, a)
+
+
 PLANNED = [  # algo, input, weights, attributes: each plan's bound calls (one image: direct, Winograd)
     ("gemm", (2, 24, 6, 5), (40, 24, 1, 1), {}), ("tgemm", (2, 24, 6, 5), (40, 24, 1, 1), {}),
     ("gemm", (1, 8, 9, 11), (12, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),

@@ -80,9 +80,9 @@ def path() -> Path:
 # pointwise conv's input in place, up to 1.6x faster on big maps; 9: every dense conv may run as
 # the transposed product; 10: its copy and packing on the threads; 11: its tile stored by
 # transposes, ~1.2x on convs from RGB; 12: pointwise ones packed once for all threads; 13: its
-# activation per group of pixels, in C): choices measured against the old kernels (or without a
-# candidate now offered) are measured again.
-KERNELS = 13
+# activation per group of pixels, in C; 14: the rule picks it for one-row outputs, 1-D convs):
+# choices measured against the old kernels (or without a candidate now offered) are measured again.
+KERNELS = 14
 
 
 def machine() -> str:
@@ -151,10 +151,17 @@ def candidates(c, m, group, geo, ho, wo, begin, end) -> list[str]:
     if geo == (1, 1, 1, 1, 1, 1, 0, 0) and tuple(end) == (0, 0):
         if ho * wo <= TGEMM_MAX_PIXELS:
             out.append("tgemm")  # pointwise on a small map: the transposed product (nativeconv._tgemm)
-    elif min(*begin, *end) >= 0 and 4 * c * ((ho - 1) * geo[2] + (kh - 1) * geo[4] + 1) \
-            * ((wo - 1) * geo[3] + (kw - 1) * geo[5] + 1) <= TGEMM_MAX_BYTES:
+    elif tgemm_fits(c, geo, ho, wo, begin, end):
         out.append("tgemm")  # any other: the same product over im2col^T (its padded input copied)
     return out
+
+
+def tgemm_fits(c, geo, ho, wo, begin, end) -> bool:
+    """Whether a dense conv (geometry `geo` as candidates' and nativeconv's) can run as the
+    transposed product: no negative pad, and its zero-padded input at most TGEMM_MAX_BYTES."""
+    kh, kw, sh, sw, dh, dw = geo[:6]
+    return min(*begin, *end) >= 0 and 4 * c * ((ho - 1) * sh + (kh - 1) * dh + 1) \
+        * ((wo - 1) * sw + (kw - 1) * dw + 1) <= TGEMM_MAX_BYTES
 
 
 def dw_candidates(begin) -> list[str]:

@@ -183,6 +183,8 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     if algo is None and min(*begin, *end) >= 0 and batch_gemm_chosen(n, c, m, group, geo, ho, wo):
         return _plan(cache, key, act_attrs, attrs, x, _gemm_plan(x.shape, yshape, w, b, geo, end, epi, threads,
                                                                  cache, flops))
+    if algo is None and group == 1 and tgemm_chosen(c, geo, ho, wo, begin, end):
+        algo = "tgemm"
     if algo is None and threads == 1 and sgemm_pointwise(c, m, group, geo, ho, wo):
         return _plan(cache, key, act_attrs, attrs, x, _gemm_plan(x.shape, yshape, w, b, geo, end, epi, threads,
                                                                  cache, flops))
@@ -472,6 +474,19 @@ def dw_lanes_chosen(c: int, wo: int, sw: int, isa: str = "avx2") -> bool:
     if isa == "avx512":
         return c >= 8 and (wo <= 8 or (sw > 1 and wo <= 16))
     return c >= 8 and (wo <= 28 or sw > 1)
+
+
+def tgemm_chosen(c: int, geo: tuple, ho: int, wo: int, begin, end) -> bool:
+    """The transposed product for a conv of one output row and a window wider than a pixel (1-D
+    convs: audio front ends, text CNNs), where convtune does not measure (above
+    TUNE_MAX_FLOPS, below TUNE_MIN_FLOPS, not yet on a contended device). The implicit GEMM
+    splits output rows over the threads, so it ran such a conv on one: wav2vec2's 512->512 k3
+    stride-2 conv over 3,199 samples (2.5 GFLOP, never measured) took 28.7 ms at 2 threads
+    against ORT's 14.7. Alone, ms (direct / tgemm), 1 thread: that conv 29.1 / 28.3, 1->512
+    k10 s5 over 16,000 0.71 / 0.65, 512->512 k2 s2 over 199 1.35 / 1.14, 256->256 k5 over 500
+    3.53 / 3.45, 64->64 k3 over 1,000 0.29 / 0.30; 2 threads 29.2 / 14.6, 1.00 / 0.34,
+    1.31 / 0.64, 3.54 / 2.24, 0.45 / 0.22."""
+    return ho == 1 and geo[1] > 1 and convtune.tgemm_fits(c, geo, ho, wo, begin, end)
 
 
 def flat_chosen(c: int, m: int, group: int, geo: tuple, ho: int, wo: int, isa: str, threads: int = 1) -> bool:
