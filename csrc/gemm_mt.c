@@ -47,6 +47,30 @@ void npr_gemm_range_mt(int isa512, const float *A, const float *Bp, float *C, co
     par_run(gemm_chunk, &j, chunks, threads);
 }
 
+/* The same product with the rows of A (and C) split into `chunks` bands of whole MR-row tiles,
+ * every panel of [p0, p1) in each: for products of few columns and many rows (segformer's
+ * 4096 x 32 @ 32 x 32: split by panels, 2 of them, each thread read all of A). A row's sums do
+ * not depend on the rows beside it (even alone, GEMV_PANELS sums as the tiles do:
+ * tests/test_cpu_transformer.py), so the bits are the same at any thread count. */
+static void gemm_rows_chunk(void *ctx, int i)
+{
+    gemm_job *j = ctx;
+    long mr = j->isa512 ? 8 : 6, tiles = (j->M + mr - 1) / mr;
+    long r0 = par_at(0, tiles, i, j->chunks) * mr, r1 = par_at(0, tiles, i + 1, j->chunks) * mr;
+    if (r1 > j->M) r1 = j->M;
+    if (r1 <= r0) return;
+    (j->isa512 ? npr_gemm_avx512 : npr_gemm_avx2)(j->a + r0 * j->K, j->bp, j->c + r0 * j->N, j->bias,
+                                                  j->res ? j->res + r0 * j->N : NULL, r1 - r0, j->K, j->N,
+                                                  j->p_lo, j->panels);
+}
+
+void npr_gemm_rows_mt(int isa512, const float *A, const float *Bp, float *C, const float *bias, const float *R,
+                      long M, long K, long N, long p0, long p1, int threads, int chunks)
+{
+    gemm_job j = {isa512, 0, A, Bp, NULL, bias, R, NULL, C, NULL, M, K, N, p1, 0, chunks, p0};
+    par_run(gemm_rows_chunk, &j, chunks, threads);
+}
+
 /* The int8-panel variant, panels [p0, p1); ws holds `chunks` widened panels of ws_stride floats each. */
 void npr_gemm_q8_range_mt(int isa512, const float *A, const signed char *Bq, const float *scale, float *C,
                           const float *bias, const float *R, long M, long K, long N, long p0, long p1, float *ws,

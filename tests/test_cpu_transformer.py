@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import npurun
+from npurun.backends import pieces
 from npurun.backends.cpu import native
 from npurun.backends.cpu.ops import fused as F
 from npurun.backends.cpu.ops import matmul as MM
@@ -188,6 +189,28 @@ def test_packed_sgemm_with_bias_and_residual(rng, monkeypatch, case, threads, is
         got = MM.linear(prog(threads), a, b, cache, adds)
         np.testing.assert_allclose(got, _want(a, b, adds), rtol=1e-5, atol=2e-5 * np.sqrt(a_shape[-1]))
     assert cache["isa"] == isa
+
+
+@pytest.mark.parametrize("isa", native.conv_isas())
+@pytest.mark.parametrize("m,k,n", [(700, 80, 24), (1001, 64, 16), (257, 200, 40)])
+def test_threads_split_the_rows_of_a_narrow_product_with_the_same_bits(rng, monkeypatch, m, k, n, isa):
+    """A product of few columns (fewer than two panels a thread) and many rows splits its rows
+    over the threads (matmul.rows_split, npr_gemm_rows_mt): the reference's values, and the
+    bits of one thread, with the bias and the residual; in pieces too (ranges of panels, every
+    row band in each)."""
+    monkeypatch.setattr(native, "ISA", isa)
+    a, b = nonzero_normal(rng, (1, m, k)), nonzero_normal(rng, (k, n))
+    adds = [nonzero_normal(rng, (n,)), nonzero_normal(rng, (1, m, n))]
+    split = []
+    real = MM.rows_split
+    monkeypatch.setattr(MM, "rows_split", lambda *x: split.append(real(*x)) or split[-1])
+    one = MM.linear(prog(1), a, b, {}, adds)
+    two = MM.linear(prog(2), a, b, {}, adds)
+    assert split == [False, True]
+    np.testing.assert_allclose(two, _want(a, b, adds), rtol=1e-5, atol=2e-5 * np.sqrt(k))
+    np.testing.assert_array_equal(two, one)
+    monkeypatch.setattr(pieces, "cut", lambda total, *x, **kw: [(i, i + 1) for i in range(total)])
+    np.testing.assert_array_equal(MM.linear(prog(2), a, b, {}, adds), one)
 
 
 @pytest.mark.parametrize("isa", native.conv_isas())

@@ -98,6 +98,7 @@ def _signatures() -> dict:
         # im2col_gemm.c: a dense conv as im2col + the packed sgemm, a panel of pixels at a time
         "npr_im2col_gemm_mt": ([P, L, L, L, L, P, L] + [I] * 8 + [I, F, F, P, L, L, I, I, L, L, I, I], I),
         "npr_gemm_range_mt": ([I, P, P, P, P, P, L, L, L, L, L, I, I], None),
+        "npr_gemm_rows_mt": ([I, P, P, P, P, P, L, L, L, L, L, I, I], None),
         "npr_gemm_q8_range_mt": ([I, P, P, P, P, P, P, L, L, L, L, L, P, L, I, I], None),
         # gemm_mt.c: a conv as the transposed product (nativeconv._tgemm)
         "npr_tconvk_range_mt": ([I, P, L, L, L, L] + [I] * 8 + [L, L, P, P, P, L, I, F, F, L, L, I, I], I),
