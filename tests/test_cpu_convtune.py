@@ -133,7 +133,7 @@ def test_transposed_pointwise_conv_matches_reference(case, threads, rng):
     whole = nativeconv.conv2d(x, w, b, _attrs({}), "relu", {}, threads, {}, None, "tgemm")
     other = nativeconv.conv2d(x, w, b, _attrs({}), "relu", {}, 3 - threads, {}, None, "tgemm")
     assert np.array_equal(whole, other)
-    with pytest.raises(BackendError, match="algo='tgemm' needs a dense conv with pads >= 0"):
+    with pytest.raises(BackendError, match="algo='tgemm' needs pads >= 0"):
         nativeconv.conv2d(nonzero_normal(rng, (1, xs[1], 5, 5)), w, b, _attrs({"pads": [-1, 0, 0, 0]}), None, None,
                           threads, {}, None, "tgemm")
 
@@ -182,6 +182,49 @@ def test_the_rule_runs_one_row_convs_as_the_transposed_product(threads, rng, mon
         want = KERNELS["conv"](x, w, b, activation="relu", activation_params=(), **_attrs(a))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         assert ("tgemm" in cache) == one_row, (xs, ws, a)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_rule_runs_grouped_convs_on_small_maps_as_the_transposed_product(threads, rng, monkeypatch):
+    """Where convtune does not measure, a grouped conv (not depthwise) with at most
+    TGEMM_MAX_PIXELS outputs runs each group as the transposed product, whole groups on the
+    threads; on a bigger map wide groups keep their own dense convs. The reference's result."""
+    monkeypatch.setenv("NPURUN_CONV_TUNE", "0")
+    cases = [((1, 64, 14, 14), (64, 8, 3, 3), 8, {"pads": [1, 1, 1, 1]}, "tgemm"),
+             ((1, 48, 1, 49), (48, 12, 1, 9), 4, {"pads": [0, 4, 0, 4]}, "tgemm"),
+             ((1, 64, 24, 25), (64, 32, 3, 3), 2, {"pads": [1, 1, 1, 1]}, "groups")]
+    for xs, ws, g, a, kind in cases:
+        a = {**a, "group": g}
+        x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])
+        cache = {}
+        got = nativeconv.conv2d(x, w, b, _attrs(a), None, {}, threads, cache)
+        want = KERNELS["conv"](x, w, b, **_attrs(a))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=3e-5 * float(np.abs(want).max()))
+        assert kind in cache and ({"tgemm", "groups"} - {kind}).isdisjoint(cache), (xs, ws, g, kind)
+
+
+TGEMM_GROUPED = [  # input, weights, group, attributes: each group as the transposed product
+    ((1, 16, 9, 11), (24, 4, 3, 3), 4, {"pads": [1, 1, 1, 1]}),
+    ((2, 12, 7, 6), (12, 4, 1, 1), 3, {}),
+    ((1, 8, 10, 10), (16, 1, 3, 3), 8, {"strides": [2, 2], "pads": [1, 0, 2, 1]}),  # 2 outputs a channel
+    ((1, 64, 14, 14), (64, 8, 3, 3), 8, {"pads": [1, 1, 1, 1], "dilations": [2, 1]}),
+    ((3, 20, 1, 30), (20, 5, 1, 5), 4, {"pads": [0, 2, 0, 2], "dilations": [1, 2]}),  # 1-D
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(TGEMM_GROUPED)))
+def test_grouped_conv_as_the_transposed_product_matches_reference(case, threads, rng):
+    """A grouped conv with algo="tgemm" (gemm_mt.c npr_tconvk_groups_mt: whole groups on the
+    threads): the reference's result with every epilogue, and the same bits at 1, 2 and 3
+    threads."""
+    xs, ws, g, a = TGEMM_GROUPED[case]
+    a = {**a, "group": g}
+    x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])
+    check_conv("tgemm", x, w, b, a, KERNELS["conv"](x, w, b, **_attrs(a)), threads, None,
+               acts=(None, "relu", "silu", "clip", "hard_swish"))
+    outs = [nativeconv.conv2d(x, w, b, _attrs(a), "relu", {}, t, {}, None, "tgemm") for t in (1, 2, 3)]
+    assert all(np.array_equal(outs[0], o) for o in outs)
 
 
 PLANNED = [  # algo, input, weights, attributes: each plan's bound calls (one image: direct, Winograd)
@@ -358,7 +401,7 @@ def test_not_measured_when_off_contended_or_out_of_range(rng, fresh, monkeypatch
     assert convtune.choices() == {} and cache[("tuned", xs, 1, None)] == "rule"
 
 
-def test_depthwise_convs_choose_between_their_kernels_grouped_ones_are_not_measured(rng, fresh, monkeypatch):
+def test_depthwise_convs_choose_between_their_kernels_grouped_ones_between_the_rule_and_tgemm(rng, fresh, monkeypatch):
     monkeypatch.setattr(convtune, "TUNE_MIN_FLOPS", 0)
     xs, ws, a = ((1, 32, 20, 20), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]})
     x, w = nonzero_normal(rng, xs), nonzero_normal(rng, ws)
@@ -375,9 +418,13 @@ def test_depthwise_convs_choose_between_their_kernels_grouped_ones_are_not_measu
     fresh.unlink()
     xs, ws, a = ((1, 16, 20, 20), (16, 4, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]})
     x, w = nonzero_normal(rng, xs), nonzero_normal(rng, ws)
-    y = nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 1, {})
-    np.testing.assert_allclose(y, KERNELS["conv"](x, w, None, **_attrs(a)), rtol=1e-4, atol=2e-5)
-    assert convtune.choices() == {}
+    for fastest in ("tgemm", "rule"):
+        new_process(monkeypatch)
+        fresh.unlink(missing_ok=True)
+        seen = fake_clock(monkeypatch, {"rule": 1.0, "tgemm": 0.5 if fastest == "tgemm" else 2.0})
+        y = nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 1, {})
+        assert set(seen) == {"rule", "tgemm"} and list(convtune.choices().values()) == [fastest]
+        np.testing.assert_allclose(y, KERNELS["conv"](x, w, None, **_attrs(a)), rtol=1e-4, atol=2e-5)
 
 
 def test_candidates_follow_each_kernels_preconditions():
@@ -386,7 +433,8 @@ def test_candidates_follow_each_kernels_preconditions():
                                                                          "tgemm"]
     assert convtune.candidates(32, 32, 1, g3, 20, 20, [-1, 1], [1, 1]) == ["rule", "direct", "winograd"]  # a crop
     assert "winograd" not in convtune.candidates(32, 32, 1, (3, 3, 2, 2, 1, 1, 1, 1), 10, 10, [1, 1], [0, 0])
-    assert convtune.candidates(32, 32, 2, g3, 20, 20, [1, 1], [1, 1]) == []  # grouped
+    assert convtune.candidates(32, 32, 2, g3, 20, 20, [1, 1], [1, 1]) == ["rule", "tgemm"]  # grouped
+    assert convtune.candidates(32, 32, 2, g3, 20, 20, [-1, 1], [1, 1]) == []  # grouped, a crop
     g1 = (1, 1, 1, 1, 1, 1, 0, 0)
     assert convtune.candidates(64, 96, 1, g1, 14, 14, [0, 0], [0, 0]) == ["rule", "direct", "flat", "gemm", "tgemm"]
     assert "tgemm" not in convtune.candidates(64, 96, 1, g1, 28, 28, [0, 0], [0, 0])  # pointwise, 784 pixels

@@ -343,12 +343,15 @@ def test_unfused_activations_run_the_compiled_kernel(rows, threads, rng):
 
 
 @pytest.mark.parametrize("xs,ws,a", [
-    ((1, 64, 14, 15), (64, 32, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),                   # Winograd-sized groups
-    ((2, 48, 9, 10), (96, 16, 3, 3), {"group": 3, "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # batch 2: slices copied
-    ((1, 32, 20, 20), (32, 16, 1, 1), {"group": 2}),                                        # pointwise groups
+    ((1, 64, 24, 25), (64, 32, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),                   # Winograd-sized groups
+    ((2, 48, 44, 42), (96, 16, 3, 3), {"group": 3, "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # batch 2: slices copied
+    ((1, 32, 21, 20), (32, 16, 1, 1), {"group": 2}),                                          # pointwise groups
 ])
-def test_wide_groups_run_as_dense_convs_and_match_reference(xs, ws, a, rng):
-    """Groups >= GROUP_SPLIT_MIN wide: one dense conv per channel slice, each its own algorithm."""
+def test_wide_groups_run_as_dense_convs_and_match_reference(xs, ws, a, rng, monkeypatch):
+    """The rule (convtune off): groups >= GROUP_SPLIT_MIN wide on maps of more than
+    TGEMM_MAX_PIXELS outputs run as one dense conv per channel slice, each its own algorithm
+    (smaller maps: grouped_tgemm_chosen)."""
+    monkeypatch.setenv("NPURUN_CONV_TUNE", "0")
     x, w, b = nonzero_normal(rng, xs), nonzero_normal(rng, ws) * 0.3, nonzero_normal(rng, ws[:1])
     assert ws[1] >= nativeconv.GROUP_SPLIT_MIN
     cache = {}

@@ -95,20 +95,23 @@ def test_transposed_pointwise_pieces_are_bit_identical(rng, monkeypatch, threads
 def test_transposed_conv_pieces_are_bit_identical(rng, monkeypatch, threads):
     """algo="tgemm" (pointwise and k x k convs; im2col^T packed per image and group of pixels):
     pieces are ranges of pixel blocks over the images, all channels with their activation (a
-    conv to a few channels has one panel of them)."""
+    conv to a few channels has one panel of them); of a grouped conv, ranges of (image, group)
+    pairs."""
     cut = 0
-    for _ in range(20):
+    for i in range(30):
         n, c, m = int(rng.choice([1, 2])), int(rng.integers(1, 40)), int(rng.integers(1, 120))
         k, s, hw = int(rng.choice([1, 2, 3, 5])), int(rng.choice([1, 2])), int(rng.integers(5, 30))
+        g = 1 if i < 20 else int(rng.choice([2, 3, 4]))  # grouped: pieces are ranges of (image, group) pairs
+        c, m = c * g, m * g
         x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
-        w = rng.standard_normal((m, c, k, k)).astype(np.float32)
+        w = rng.standard_normal((m, c // g, k, k)).astype(np.float32)
         b = rng.standard_normal(m).astype(np.float32)
-        attrs = {"group": 1, "strides": [s, s], "dilations": [1, 1], "auto_pad": "NOTSET", "pads": [k // 2] * 4}
+        attrs = {"group": g, "strides": [s, s], "dilations": [1, 1], "auto_pad": "NOTSET", "pads": [k // 2] * 4}
         whole, part, got = whole_and_pieced(
             monkeypatch, 2e6, lambda: nativeconv.conv2d(x, w, b, attrs, "relu", {}, threads, {}, algo="tgemm"))
         cut += got > 0
         np.testing.assert_array_equal(part, whole, err_msg=f"{x.shape} {w.shape} {attrs}")
-    assert cut >= 5
+    assert cut >= 8
 
 
 def test_split_covers_the_range_in_units():

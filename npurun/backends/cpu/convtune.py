@@ -80,9 +80,10 @@ def path() -> Path:
 # pointwise conv's input in place, up to 1.6x faster on big maps; 9: every dense conv may run as
 # the transposed product; 10: its copy and packing on the threads; 11: its tile stored by
 # transposes, ~1.2x on convs from RGB; 12: pointwise ones packed once for all threads; 13: its
-# activation per group of pixels, in C; 14: the rule picks it for one-row outputs, 1-D convs):
+# activation per group of pixels, in C; 14: the rule picks it for one-row outputs, 1-D convs;
+# 15: grouped convs measured, each group as the transposed product against the rule's kernels):
 # choices measured against the old kernels (or without a candidate now offered) are measured again.
-KERNELS = 14
+KERNELS = 15
 
 
 def machine() -> str:
@@ -138,8 +139,8 @@ def choices() -> dict[str, str]:
 def candidates(c, m, group, geo, ho, wo, begin, end) -> list[str]:
     """The kernels that can run this dense conv: the rule's own pick ("rule") first, then each
     forced algorithm whose preconditions (nativeconv.conv2d's) hold."""
-    if group != 1:
-        return []
+    if group != 1:  # (grouped, not depthwise: the rule's kernels, or each group as the transposed product)
+        return ["rule", "tgemm"] if tgemm_fits(c // group, geo, ho, wo, begin, end) else []
     kh, kw = geo[:2]
     out = ["rule", "direct"]
     if min(*begin, *end) >= 0:

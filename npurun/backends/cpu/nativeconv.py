@@ -170,6 +170,8 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     # for this input shape (`key`), so later calls skip the geometry, the checks and the rule
     # (40-60 us a call on a 2-vCPU VM: most of a small conv's time; PP-OCR's classifier runs 53).
     epi = (code, alpha, beta)
+    if algo is None and group > 1 and not group == c == m and grouped_tgemm_chosen(cg, geo, ho, wo, begin, end):
+        algo = "tgemm"
     if algo is None and group > 1 and cg >= GROUP_SPLIT_MIN and m // group >= GROUP_SPLIT_MIN:
         dense = dict(attrs)
         return _plan(cache, key, act_attrs, attrs, x, lambda x: _wide_groups(
@@ -203,11 +205,10 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         return _plan(cache, key, act_attrs, attrs, x, _gemm_plan(x.shape, yshape, w, b, geo, end, epi, threads,
                                                                  cache, flops))
     if algo == "tgemm":
-        if group != 1 or min(*begin, *end) < 0:
-            raise BackendError(f"cpu conv: algo='tgemm' needs a dense conv with pads >= 0, "
-                               f"got weights {tuple(w.shape)}, group {group}, pads {begin + end}")
+        if min(*begin, *end) < 0:
+            raise BackendError(f"cpu conv: algo='tgemm' needs pads >= 0, got pads {begin + end}")
         return _plan(cache, key, act_attrs, attrs, x, _tgemm_plan(x.shape, yshape, w, b, epi, threads, cache, flops,
-                                                                  (*geo, ho, wo)))
+                                                                  (*geo, ho, wo), group))
     if algo == "smallc" or (algo is None and min(*begin, *end) >= 0
                             and smallc_chosen(c, m, group, geo, isa or native.ISA)):
         if group != 1 or geo[2:6] != (1, 1, 1, 1) or min(*begin, *end) < 0:
@@ -476,6 +477,21 @@ def dw_lanes_chosen(c: int, wo: int, sw: int, isa: str = "avx2") -> bool:
     return c >= 8 and (wo <= 28 or sw > 1)
 
 
+def grouped_tgemm_chosen(cg: int, geo: tuple, ho: int, wo: int, begin, end) -> bool:
+    """A grouped conv (not depthwise) on a map of at most TGEMM_MAX_PIXELS outputs as the
+    transposed product of each group, whole groups on the threads (_tgemm). A group at a time,
+    each with every thread on it (_wide_groups' dense convs, or the grouped implicit GEMM),
+    paid a fork-join per group for little work: 2 threads, against ORT, alone (rule -> tgemm):
+    RegNet-Y's 8 groups of 64 on 14x14 2.14 -> 1.19, 17 groups on 7x7 2.91 -> 1.42,
+    SqueezeBERT's 4 pointwise groups of 192 over 128 positions 1.05 -> 0.99 (its 3072 -> 768
+    1.74 -> 0.92), wav2vec2's 16 groups of 48, k128 over 49, 1.99 -> 1.01; in the model,
+    SqueezeBERT's convs 57.8 -> 48.2 ms. On bigger maps a group's own dense conv may be
+    Winograd (RegNet-Y's 3 groups on 28x28: 0.55 of ORT's time, 1.19 this way): convtune
+    measures both there."""
+    from .convtune import TGEMM_MAX_PIXELS
+    return ho * wo <= TGEMM_MAX_PIXELS and convtune.tgemm_fits(cg, geo, ho, wo, begin, end)
+
+
 def tgemm_chosen(c: int, geo: tuple, ho: int, wo: int, begin, end) -> bool:
     """The transposed product for a conv of one output row and a window wider than a pixel (1-D
     convs: audio front ends, text CNNs), where convtune does not measure (above
@@ -647,7 +663,7 @@ def _gemm_plan(xshape, yshape, w, b, geo, end, epi, threads, cache, flops):
                       lambda x: _gemm(x, w, b, geo, end, *epi, empty(yshape), cache, threads, flops), cache["gemm"])
 
 
-def _tgemm(x, w, b, code, alpha, beta, y, cache, threads, flops, geo):
+def _tgemm(x, w, b, code, alpha, beta, y, cache, threads, flops, geo, group=1):
     """A conv as the transposed product, output channels in the vectors (gemm_mt.c
     npr_tconvk_range_mt, tr_gemm_tpl.h GEMM_TCONV_AP): the input as im2col^T in packed blocks
     of pixels (read in place where no tap falls outside it, else from a zero-padded copy), W^T
@@ -657,48 +673,58 @@ def _tgemm(x, w, b, code, alpha, beta, y, cache, threads, flops, geo):
     map's size. For small maps, where the im2col GEMM's 16-pixel panels run part empty (7x7: 64
     columns for 49 pixels) and stream all the weights once per panel (a 3x3 conv from 256
     channels: 2.4 MB, four times), and convs from few channels (K 27: RGB stems); convtune
-    measures it against the others."""
-    args, units = _tgemm_args(x.shape, y.shape, w, b, (code, alpha, beta), cache, threads, geo)
+    measures it against the others. A grouped conv (`group` > 1) runs each group as such a
+    conv, whole groups on the threads (npr_tconvk_groups_mt; pieces: ranges of groups)."""
+    fn, args, units, y_at = _tgemm_args(x.shape, y.shape, w, b, (code, alpha, beta), cache, threads, geo, group)
     for u0, u1 in pieces.each(pieces.cut(units, flops * x.shape[0] / (PIECE_FLOPS * threads), cal=cache)):
         a = args(u0, u1)
-        _check(LIB.npr_tconvk_range_mt(a[0], ptr(x), *a[2:17], ptr(y), *a[18:]))
+        _check(fn(a[0], ptr(x), *a[2:y_at], ptr(y), *a[y_at + 1:]))
     return y
 
 
-def _tgemm_args(xshape, yshape, w, b, epi, cache, threads, geo):
-    """(args(u0, u1): npr_tconvk_range_mt's arguments for pixel blocks [u0, u1) of all images, x
-    and y left None (slots 1 and 17); the number of blocks). W^T and the bias packed once into
-    the node's cache."""
+def _tgemm_args(xshape, yshape, w, b, epi, cache, threads, geo, group=1):
+    """(the entry point; args(u0, u1): its arguments for units [u0, u1) — pixel blocks of all
+    images, or (image, group) pairs of a grouped conv — x and y left None (slot 1 and slot
+    y_at); the number of units; y_at). W^T and the bias packed once into the node's cache, a
+    group's panels after another's."""
     n, c, h, wd = xshape
     m = yshape[1]
-    k = w[0].size  # c * kh * kw: W^T's rows, in W's own order
+    mg = m // group
+    k = w[0].size  # (c / group) * kh * kw: W^T's rows, in W's own order
     isa = native.ISA
     nr = getattr(LIB, f"npr_gemm_nr_{isa}")()
-    panels = -(-m // nr)
+    panels = -(-mg // nr)
     if "tgemm" not in cache:
-        wt = np.ascontiguousarray(w.reshape(m, k).T)
-        bp = np.empty(panels * k * nr, np.float32)
-        getattr(LIB, f"npr_gemm_pack_{isa}")(ptr(wt), ptr(bp), k, m)
-        bias = np.zeros(panels * nr, np.float32)
-        if b is not None:
-            bias[:m] = b
+        bp = np.empty(group * panels * k * nr, np.float32)
+        bias = np.zeros(group * panels * nr, np.float32)
+        for g in range(group):
+            wt = np.ascontiguousarray(w[g * mg:(g + 1) * mg].reshape(mg, k).T)
+            getattr(LIB, f"npr_gemm_pack_{isa}")(ptr(wt), ptr(bp[g * panels * k * nr:]), k, mg)
+            if b is not None:
+                bias[g * panels * nr:g * panels * nr + mg] = b[g * mg:(g + 1) * mg]
         cache["tgemm"] = (bp, bias)
     bp, bias = (ptr(a) for a in cache["tgemm"])
+    isa512 = int(isa == "avx512")
+    if group > 1:
+        def args(u0, u1):
+            return (isa512, None, n, group, c // group, h, wd, *geo, bp, None, bias, mg, *epi, u0, u1, threads)
+        return LIB.npr_tconvk_groups_mt, args, n * group, 18
     mr = 8 if isa == "avx512" else 6  # (the tile's pixels: tr_gemm_tpl.h MR)
     blocks = -(-(geo[8] * geo[9]) // mr)
     chunks = max(1, min(threads * 2, panels)) if threads > 1 else 1
 
     def args(u0, u1):
-        return (int(isa == "avx512"), None, n, c, h, wd, *geo, bp, None, bias, m, *epi, u0, u1, threads, chunks)
-    return args, n * blocks
+        return (isa512, None, n, c, h, wd, *geo, bp, None, bias, m, *epi, u0, u1, threads, chunks)
+    return LIB.npr_tconvk_range_mt, args, n * blocks, 17
 
 
-def _tgemm_plan(xshape, yshape, w, b, epi, threads, cache, flops, geo):
+def _tgemm_plan(xshape, yshape, w, b, epi, threads, cache, flops, geo, group=1):
     """run(x) -> y: _tgemm's call bound once; pieces on a contended device through _tgemm."""
-    args, units = _tgemm_args(xshape, yshape, w, b, epi, cache, threads, geo)
-    return _bound_run([native.bound(LIB.npr_tconvk_range_mt, args(0, units), 1, 17)], yshape,
+    fn, args, units, y_at = _tgemm_args(xshape, yshape, w, b, epi, cache, threads, geo, group)
+    return _bound_run([native.bound(fn, args(0, units), 1, y_at)], yshape,
                       flops * xshape[0] / (PIECE_FLOPS * threads), cache,
-                      lambda x: _tgemm(x, w, b, *epi, empty(yshape), cache, threads, flops, geo), cache["tgemm"])
+                      lambda x: _tgemm(x, w, b, *epi, empty(yshape), cache, threads, flops, geo, group),
+                      cache["tgemm"])
 
 
 def pointwise(geo: tuple, in_hw: tuple, out_hw: tuple) -> bool:
