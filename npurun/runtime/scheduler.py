@@ -335,11 +335,7 @@ class Scheduler:
         fut.task = task
         now = task.submitted_at
         with self._cv:
-            self.counts["submitted"] += 1
-            self.live[task.id] = task
-            self._join_group(task.group)
-            self._seen(task, now)
-            self._arrived(task, now)
+            self._arrive(task, now)
             self._enqueue(task, now)
             started = self._dispatch(now)
             self._ensure_watchdog()
@@ -468,7 +464,7 @@ class Scheduler:
             self.slices += 1
 
     def _arrive(self, task: Task, now: float):
-        """An inline task's arrival on the idle device (lock held)."""
+        """A task's arrival (lock held): counted, live, its group and stream seen."""
         self.counts["submitted"] += 1
         self.live[task.id] = task
         self._join_group(task.group)
@@ -476,21 +472,11 @@ class Scheduler:
         self._arrived(task, now)
 
     def _retire(self, task: Task):
-        """What _finish does for a quiet run that ended at task.finished_at (lock held): it ran
-        one slice on lane 0, alone, and succeeded."""
-        self.macs_done += task.unsynced_macs
-        self.steps_done += task.unsynced_steps
-        task.unsynced_macs = task.unsynced_steps = 0
-        ran = task.finished_at - task.slice_start
-        task.run_time += ran
-        self._vtime[task.group] = self._vtime.get(task.group, 0.0) + ran * self._rate(task)
-        self.lane_busy[0] += ran
-        if self.pace is not None:
-            self.pace.observe(task.program, task.run_time, task.alone)
-        task.state, task.lane, task.outcome = DONE, None, "ok"
-        self.counts["ok"] += 1
-        self.live.pop(task.id, None)
-        self.recent.append(task.retired())
+        """What _finish does for a quiet run that ended at task.finished_at (lock held): its one
+        slice charged (its lane was freed when it ended), then retired, a success."""
+        self._charge(task, task.finished_at)
+        task.lane = None
+        self._retired(task, None, task.finished_at, task.alone)
 
     def _task(self, program, feeds, fut, priority, timeout, name, progress, step_macs, profile, owner, group) -> Task:
         now = self.clock()
@@ -674,14 +660,19 @@ class Scheduler:
 
     def _release(self, task: Task, now: float):
         """Task leaves its unit (lock held)."""
+        self._charge(task, now)
+        del self._running[task.lane]
+        task.lane = None
+
+    def _charge(self, task: Task, now: float):
+        """The slice of `task` ending at `now`, charged to its run time, its group's fair share
+        and its lane (lock held)."""
         ran = now - task.slice_start
         task.run_time += ran
         self._vtime[task.group] = self._vtime.get(task.group, 0.0) + ran * self._rate(task)
         self.lane_busy[task.lane] += ran
         if self.duty < 1.0:
             self._rest_until[task.lane] = now + ran * (1 - self.duty) / self.duty
-        del self._running[task.lane]
-        task.lane = None
 
     def _check_stop(self, task: Task, now: float) -> NpurunError | None:
         if task.future.cancelled():
@@ -939,30 +930,34 @@ class Scheduler:
     def _finish(self, task: Task, error) -> list[Task]:
         with self._cv:
             now = self.clock()
-            self.macs_done += task.unsynced_macs  # a run that failed between locked boundaries
-            self.steps_done += task.unsynced_steps
-            task.unsynced_macs = task.unsynced_steps = 0
             if task.lane is not None:
                 self._release(task, now)
-            if error is None and self.pace is not None:
-                # alone: one slice, and no other task live on the device since it was submitted
-                self.pace.observe(task.program, task.run_time,
-                                  task.slices == 1 and self._contended_until <= task.submitted_at)
             if task in self._waiting:
                 self._waiting.remove(task)
-            task.state, task.finished_at = DONE, now
-            task.outcome = ("ok" if error is None else "cancelled" if isinstance(error, TaskCancelled)
-                            else "timeout" if isinstance(error, TaskTimeout) else "failed")
-            task.error = "" if error is None else str(error)
-            self.counts[task.outcome] += 1
-            self.live.pop(task.id, None)
-            self.recent.append(task.retired())
+            # alone: one slice, and no other task live on the device since it was submitted
+            self._retired(task, error, now, task.slices == 1 and self._contended_until <= task.submitted_at)
             started = self._dispatch(now)
             if not self._waiting and not self._running and not self._paused and self.duty >= 1.0 \
                     and self.active_lanes == self.lanes:
                 self.attention[0] = False  # (the next inline run's arrival raises it if it may be held)
             self._cv.notify_all()
         return started
+
+    def _retired(self, task: Task, error, now: float, alone: bool):
+        """A task done at `now` (lock held; its unit already left): its counters synced, its
+        pace learned (a success), its outcome counted and kept in `recent`."""
+        self.macs_done += task.unsynced_macs  # (a run that failed between locked boundaries)
+        self.steps_done += task.unsynced_steps
+        task.unsynced_macs = task.unsynced_steps = 0
+        if error is None and self.pace is not None:
+            self.pace.observe(task.program, task.run_time, alone)
+        task.state, task.finished_at = DONE, now
+        task.outcome = ("ok" if error is None else "cancelled" if isinstance(error, TaskCancelled)
+                        else "timeout" if isinstance(error, TaskTimeout) else "failed")
+        task.error = "" if error is None else str(error)
+        self.counts[task.outcome] += 1
+        self.live.pop(task.id, None)
+        self.recent.append(task.retired())
 
     def _resolve(self, task: Task, result, error):
         fut = task.future

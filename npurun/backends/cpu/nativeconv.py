@@ -488,8 +488,7 @@ def grouped_tgemm_chosen(cg: int, geo: tuple, ho: int, wo: int, begin, end) -> b
     SqueezeBERT's convs 57.8 -> 48.2 ms. On bigger maps a group's own dense conv may be
     Winograd (RegNet-Y's 3 groups on 28x28: 0.55 of ORT's time, 1.19 this way): convtune
     measures both there."""
-    from .convtune import TGEMM_MAX_PIXELS
-    return ho * wo <= TGEMM_MAX_PIXELS and convtune.tgemm_fits(cg, geo, ho, wo, begin, end)
+    return ho * wo <= convtune.TGEMM_MAX_PIXELS and convtune.tgemm_fits(cg, geo, ho, wo, begin, end)
 
 
 def tgemm_chosen(c: int, geo: tuple, ho: int, wo: int, begin, end) -> bool:
