@@ -172,3 +172,49 @@ void npr_channel_affine_mt(const float *x, float *y, long outer, long C, long in
     chaff_job j = {x, y, C, inner, s, t, act, alpha, beta, outer * C, chunks};
     par_run(chaff_chunk, &j, chunks, threads);
 }
+
+
+/* y = a op b, NumPy's broadcasting (ops/elementwise_pieces.py in a replayed program, where a
+ * call costs less than NumPy's dispatch): y is contiguous of shape[nd], sa and sb are a's and
+ * b's strides in floats (0 along a broadcast axis). op: 0 add, 1 sub, 2 mul, 3 div, 4 max,
+ * 5 min. Each element is one IEEE operation, as NumPy's; max and min return a NaN operand
+ * and, between equal operands (+0 and -0), the second, as NumPy's vector loops (maxps). */
+#define BIN_LOOP(EXPR)                                                                     \
+    if (ia == 1 && ib == 1)                                                                \
+        for (long i = 0; i < n; i++) { float p = a[i], q = b[i]; y[i] = (EXPR); }          \
+    else if (ia == 1 && ib == 0) {                                                         \
+        float q = b[0];                                                                    \
+        for (long i = 0; i < n; i++) { float p = a[i]; y[i] = (EXPR); }                    \
+    } else if (ia == 0 && ib == 1) {                                                       \
+        float p = a[0];                                                                    \
+        for (long i = 0; i < n; i++) { float q = b[i]; y[i] = (EXPR); }                    \
+    } else                                                                                 \
+        for (long i = 0; i < n; i++) { float p = a[i * ia], q = b[i * ib]; y[i] = (EXPR); }
+
+static void binary_row(int op, const float *a, long ia, const float *b, long ib, float *y, long n)
+{
+    switch (op) {
+    case 0: BIN_LOOP(p + q) break;
+    case 1: BIN_LOOP(p - q) break;
+    case 2: BIN_LOOP(p * q) break;
+    case 3: BIN_LOOP(p / q) break;
+    case 4: BIN_LOOP((p > q || p != p) ? p : q) break;
+    default: BIN_LOOP((p < q || p != p) ? p : q) break;
+    }
+}
+
+void npr_binary(int op, const float *a, const float *b, float *y, int nd, const long *shape,
+                const long *sa, const long *sb)
+{
+    long n = shape[nd - 1], idx[16] = {0}, rows = 1;
+    for (int d = 0; d < nd - 1; d++)
+        rows *= shape[d];
+    for (long r = 0; r < rows; r++) {
+        long oa = 0, ob = 0;
+        for (int d = 0; d < nd - 1; d++)
+            oa += idx[d] * sa[d], ob += idx[d] * sb[d];
+        binary_row(op, a + oa, sa[nd - 1], b + ob, sb[nd - 1], y + r * n, n);
+        for (int d = nd - 2; d >= 0 && ++idx[d] == shape[d]; d--)  /* the next row's index */
+            idx[d] = 0;
+    }
+}

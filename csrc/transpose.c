@@ -8,6 +8,7 @@
  * tile's source and destination lines stay in L1, tiles split over the library's pool. */
 #define _POSIX_C_SOURCE 200809L  /* clock_gettime (par.h) under -std=c11 */
 #include <immintrin.h>
+#include <string.h>
 #include "par.h"
 #include "transpose8.h"
 
@@ -59,4 +60,33 @@ void npr_transpose_mt(const float *src, float *dst, long batch, long rows, long 
 {
     tr_job j = {src, dst, batch, rows, cols, sb, sr, (rows + TT - 1) / TT, (cols + TT - 1) / TT, chunks};
     par_run(tr_chunk, &j, chunks, threads);
+}
+
+
+/* y = x for any strided x and y of shape[nd] (strides in bytes, 0 along a broadcast axis of
+ * x, negative for a reversed view), elements of `item` bytes: the copies of a replayed
+ * program (native.copy_into: a view made contiguous, a concat's parts, a pad's core and
+ * borders, an expand), where a call costs less than NumPy's dispatch. y and x do not overlap. */
+void npr_copy(char *y, const char *x, int nd, const long *shape, const long *sy, const long *sx, long item)
+{
+    long n = shape[nd - 1], iy = sy[nd - 1], ix = sx[nd - 1], idx[16] = {0}, rows = 1;
+    for (int d = 0; d < nd - 1; d++)
+        rows *= shape[d];
+    for (long r = 0; r < rows; r++) {
+        long oy = 0, ox = 0;
+        for (int d = 0; d < nd - 1; d++)
+            oy += idx[d] * sy[d], ox += idx[d] * sx[d];
+        char *yr = y + oy;
+        const char *xr = x + ox;
+        if (iy == item && ix == item)
+            memcpy(yr, xr, (size_t)(n * item));
+        else if (item == 4)
+            for (long i = 0; i < n; i++) memcpy(yr + i * iy, xr + i * ix, 4);
+        else if (item == 8)
+            for (long i = 0; i < n; i++) memcpy(yr + i * iy, xr + i * ix, 8);
+        else
+            for (long i = 0; i < n; i++) memcpy(yr + i * iy, xr + i * ix, (size_t)item);
+        for (int d = nd - 2; d >= 0 && ++idx[d] == shape[d]; d--)
+            idx[d] = 0;
+    }
 }

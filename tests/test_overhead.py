@@ -99,6 +99,7 @@ def test_plan_kinds_alias_identity_and_call_if_branches_directly(rng):
 
 def test_each_step_calls_its_kernel_once_and_inputs_are_checked_once_per_signature(rng, monkeypatch):
     prog = _raw(_graph(rng))
+    prog._replays = None  # the step loop itself, run after run (not a recording's replays: test_cpu_replay.py)
     calls = {"check": 0, "kernel": 0}
     real_check = base.check_inputs
 

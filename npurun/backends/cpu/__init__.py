@@ -21,7 +21,7 @@ from ...ir.stored import Stored
 from ...passes.rewrite import readers
 from ..base import Backend, Program
 from ..reference.kernels import KERNELS
-from . import blas, conv, native, nativeconv
+from . import blas, conv, native, nativeconv, replay
 from .ops import FACTORIES
 from .ops import fused as fused_ops
 from .ops.conv1d import CHEAP_IN_C
@@ -76,6 +76,8 @@ class CpuProgram(Program):
         for op, make in FACTORIES.items():  # cpu/ops/: attention, recurrent cells, ...
             kernels[op] = make(self)
         super().__init__(graph, kernels, backend.name)
+        self._replays = replay.Replays(self) if replay.enabled() else None
+        self._cheap = False  # (set while the program has a recording, or is making one: replay.py)
         if self._released:
             util.trim_malloc()
 
@@ -155,7 +157,7 @@ class CpuProgram(Program):
         def run(x, *extra, **attrs):
             # A small tensor is cheaper in NumPy than through a ctypes call (~2-3 us), except
             # for the sigmoid family, whose overflow-safe NumPy form costs ~9 us on any size.
-            if x.dtype != np.float32 or (x.size < SMALL and name not in CHEAP_IN_C) \
+            if x.dtype != np.float32 or (native.small(x.size, SMALL) and name not in CHEAP_IN_C) \
                     or (name == "clip" and not _scalar_bounds(extra)):
                 return ref(x, *extra, **attrs)
             if name == "clip":
@@ -180,20 +182,40 @@ class CpuProgram(Program):
             native.LIB.npr_activation(native.ptr(x), native.ptr(y), x.size, code, alpha, beta)
         return y
 
-    def run(self, feeds, progress=None, attention=None):
+    def run(self, feeds, progress=None, attention=None, keep=None):
+        # A short run is replayed from a recording of its kernel calls (replay.py); one with a
+        # progress callback only where the scheduler's attention flag says no boundary is due.
+        if self._replays is not None and keep is None and (
+                progress is None or (attention is not None and not attention[0])):
+            out = self._replays.run(feeds, progress, attention)
+            if out is not None:
+                return out
+        return self._run(feeds, progress, attention, keep)
+
+    def _run(self, feeds, progress=None, attention=None, keep=None):
+        """A normal run: the step list in Python (Program.run) with BLAS held and subnormals
+        flushed; in a program that is replayed, with the library's calls taken as cheap
+        (native.CALLS: the kernels a normal run picks are then those its recording made)."""
+        if self._cheap and not native.CALLS.cheap:
+            native.CALLS.cheap = True
+            try:
+                return self._run(feeds, progress, attention, keep)
+            finally:
+                native.CALLS.cheap = False
         # BLAS threads are process-wide: held for the duration of this run only, to one thread
         # where the compiled kernels run (their pool, csrc/par.c, does the threading): OpenBLAS's
         # workers spin long after a product and took the second core from that pool (a
         # bidirectional LSTM's two directions at 2 threads: 10.1 ms with BLAS at 2, 6.4 at 1;
         # PP-OCRv4 det 0.85x, CvT-13 0.74x). Without them, NumPy's BLAS is the only threading.
         n = 1 if native.LIB is not None else self.threads
+        run = lambda: super(CpuProgram, self).run(feeds, progress, attention, keep)  # noqa: E731
         if not self._flush:
-            return blas.with_threads(n, lambda: super(CpuProgram, self).run(feeds, progress, attention))
+            return blas.with_threads(n, run)
         # subnormals flushed to zero for the run, on this thread and the kernels' workers
         # (native.flush_subnormals says why); the caller's mode is back when it returns
         old = native.LIB.npr_fp_enter()
         try:
-            return blas.with_threads(n, lambda: super(CpuProgram, self).run(feeds, progress, attention))
+            return blas.with_threads(n, run)
         finally:
             native.LIB.npr_fp_leave(old)
 

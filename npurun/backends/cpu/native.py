@@ -76,6 +76,8 @@ def _signatures() -> dict:
         "npr_channel_affine_act": ([P, P, L, L, L, P, P, I, F, F], None),
         "npr_channel_affine_mt": ([P, P, L, L, L, P, P, I, F, F, I, I], None),
         "npr_prelu_channels": ([P, P, L, L, L, P], None),
+        "npr_binary": ([I, P, P, P, I, P, P, P], None),
+        "npr_copy": ([P, P, I, P, P, P, L], None),
         # resize.c: one axis of an interpolating resize (ops/vision.py)
         "npr_resize_axis": ([P, P, L, L, L, L, P, P, I], None),
         "npr_resize_axis_mt": ([P, P, L, L, L, L, P, P, I, I, I], None),
@@ -137,6 +139,11 @@ def _signatures() -> dict:
             f"npr_gemm_q8_{isa}": ([P, P, P, P, P, P, L, L, L, L, L, P], None),
         })
     return sig
+
+
+def entry_points() -> list[str]:
+    """The names of every entry point of the library (its declared signatures)."""
+    return list(_signatures())
 
 
 def _load():
@@ -247,6 +254,23 @@ def flush_subnormals() -> bool:
     return os.environ.get("NPURUN_FLUSH_SUBNORMALS", "1") != "0"
 
 
+class _Calls(threading.local):
+    """Whether a call into the library is cheap on this thread now: in a program that is
+    replayed (replay.py), a recorded call costs ~0.05 us against ~1-3 us through ctypes, so the
+    kernels' size limits below which NumPy does the work (a ctypes call costing what it saves)
+    do not hold; `small` then says no, and the work goes to the library, whose calls a replay
+    makes without Python."""
+    cheap = False
+
+
+CALLS = _Calls()
+
+
+def small(n: int, limit: int) -> bool:
+    """Is work of size n below `limit`, where NumPy beats a ctypes call (never while calls are cheap)?"""
+    return n < limit and not CALLS.cheap
+
+
 TRANSPOSE_MIN = 1 << 14  # elements: a smaller view is NumPy's to copy (a ctypes call costs what it saves)
 
 
@@ -274,7 +298,7 @@ def _transpose_plan(x: np.ndarray):
 def untranspose(x: np.ndarray, threads: int = 1) -> np.ndarray:
     """A float32 transposed view (token maps seen as channel maps and back) made contiguous by
     csrc/transpose.c's blocked transpose on the pool; any other x as it is."""
-    if x.flags.c_contiguous or LIB is None or x.dtype != np.float32 or x.size < TRANSPOSE_MIN:
+    if x.flags.c_contiguous or LIB is None or x.dtype != np.float32 or small(x.size, TRANSPOSE_MIN):
         return x
     plan = _transpose_plan(x)
     if plan is None:
@@ -289,9 +313,82 @@ def untranspose(x: np.ndarray, threads: int = 1) -> np.ndarray:
 
 def contiguous(x: np.ndarray, threads: int = 1) -> np.ndarray:
     """x as a C-contiguous array: x itself if it is one; a transposed view by `untranspose`;
-    else np.ascontiguousarray (which copies a transposed view one float per cache line: 8 ms
-    for a (1, 256, 4096) view of a (1, 4096, 256) block here)."""
+    while calls are cheap (CALLS) any other view by `copy_into`; else np.ascontiguousarray
+    (which copies a transposed view one float per cache line: 8 ms for a (1, 256, 4096) view
+    of a (1, 4096, 256) block here)."""
+    if CALLS.cheap and not x.flags.c_contiguous and x.size < TRANSPOSE_MIN:
+        y = np.empty(x.shape, x.dtype)
+        if copy_into(y, x):
+            return y
     return np.ascontiguousarray(untranspose(x, threads))
+
+
+def copy_into(y: np.ndarray, x) -> bool:
+    """y[...] = x (x broadcast to y's shape, of y's dtype) by one call of csrc/transpose.c's
+    npr_copy, axes merged where both run on contiguously; False (nothing done) where that call
+    cannot (another dtype, object arrays, overlapping or more than 16 axes)."""
+    if LIB is None or type(x) is not np.ndarray or x.dtype != y.dtype or y.dtype.hasobject \
+            or not y.flags.writeable or np.may_share_memory(x, y):
+        return False
+    if y.size == 0:
+        return True
+    nd, item = y.ndim, y.itemsize
+    dims = []  # (size, y's stride, x's stride) in bytes per axis of size > 1, outermost first
+    for k in range(nd):
+        n = y.shape[k]
+        if n == 1:
+            continue
+        j = k - (nd - x.ndim)
+        sx = 0 if j < 0 or x.shape[j] == 1 else x.strides[j]
+        sy = y.strides[k]
+        if dims and dims[-1][1] == sy * n and dims[-1][2] == sx * n:
+            dims[-1] = (dims[-1][0] * n, sy, sx)
+        else:
+            dims.append((n, sy, sx))
+    if not dims:
+        dims = [(1, item, item)]
+    if len(dims) > 16:
+        return False
+    d = np.array(dims, np.int64).T.copy()
+    LIB.npr_copy(ptr(y), ptr(x), len(dims), ptr(d[0]), ptr(d[1]), ptr(d[2]), item)
+    return True
+
+
+BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "max": 4, "min": 5}  # csrc/chain.c's npr_binary
+
+
+def binary(op: str, a: np.ndarray, b: np.ndarray):
+    """a op b for float32 arrays of any strides, broadcast as NumPy does, by one call of
+    csrc/chain.c's npr_binary (axes merged where both operands run on contiguously); None where
+    a stride is not whole floats or there are more than 16 axes."""
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    y = np.empty(shape, np.float32)
+    if y.size == 0:
+        return y
+    nd = len(shape)
+    dims = []  # (size, a's stride, b's stride) per axis of size > 1, outermost first
+    for k in range(nd):
+        n = shape[k]
+        if n == 1:
+            continue
+        st = []
+        for x in (a, b):
+            j = k - (nd - x.ndim)
+            s = 0 if j < 0 or x.shape[j] == 1 else x.strides[j]
+            if s % 4:
+                return None
+            st.append(s // 4)
+        if dims and dims[-1][1] == st[0] * n and dims[-1][2] == st[1] * n:
+            dims[-1] = (dims[-1][0] * n, st[0], st[1])  # (merged with the axis before)
+        else:
+            dims.append((n, st[0], st[1]))
+    if not dims:
+        dims = [(1, 0, 0)]
+    if len(dims) > 16:
+        return None
+    d = np.array(dims, np.int64).T.copy()
+    LIB.npr_binary(BINARY[op], ptr(a), ptr(b), ptr(y), len(dims), ptr(d[0]), ptr(d[1]), ptr(d[2]))
+    return y
 
 
 def broadcasts_to(small: tuple, shape: tuple) -> bool:

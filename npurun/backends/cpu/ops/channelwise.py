@@ -39,7 +39,7 @@ def _channels(x, p):
 
 def make_prelu(program):
     def prelu(x, slope):
-        dims = _channels(x, slope) if x.size >= BIG else None
+        dims = _channels(x, slope) if not native.small(x.size, BIG) else None
         if dims is None:
             return REF["prelu"](x, slope)
         x = native.contiguous(x)
@@ -52,7 +52,7 @@ def make_prelu(program):
 
 def make_batch_normalization(program):
     def batch_normalization(x, scale, bias, mean, var, *, epsilon, **attrs):
-        if x.dtype != np.float32 or x.ndim < 2 or x.size < BIG or attrs.get("training_mode") \
+        if x.dtype != np.float32 or x.ndim < 2 or native.small(x.size, BIG) or attrs.get("training_mode") \
                 or any(p.shape != (x.shape[1],) for p in (scale, bias, mean, var)):
             return REF["batch_normalization"](x, scale, bias, mean, var, epsilon=epsilon, **attrs)
         s64 = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + epsilon)

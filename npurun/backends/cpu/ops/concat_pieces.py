@@ -22,8 +22,9 @@ PIECE_MIN = 1 << 20  # output elements below which one call is under ~1 ms
 
 def _concat(*xs, axis, threads=1):
     xs = [native.untranspose(x, threads) if type(x) is np.ndarray else x for x in xs]
-    if len(xs) < 2 or any(type(x) is not np.ndarray for x in xs) or sum(x.size for x in xs) < PIECE_MIN \
-            or len({x.dtype for x in xs}) != 1 or not pieces.wanted():
+    cheap = native.CALLS.cheap  # (in a replayed program each part is one recorded copy)
+    if len(xs) < 2 or any(type(x) is not np.ndarray for x in xs) or len({x.dtype for x in xs}) != 1 \
+            or not (cheap or (sum(x.size for x in xs) >= PIECE_MIN and pieces.wanted())):
         return REF["concat"](*xs, axis=axis)
     ax = axis % xs[0].ndim
     shape = list(xs[0].shape)
@@ -33,7 +34,9 @@ def _concat(*xs, axis, threads=1):
     out = np.empty(shape, xs[0].dtype)
     at = 0
     for x in pieces.each(xs):
-        out[(slice(None),) * ax + (slice(at, at + x.shape[ax]),)] = x
+        part = out[(slice(None),) * ax + (slice(at, at + x.shape[ax]),)]
+        if not (cheap and native.copy_into(part, x)):
+            part[...] = x
         at += x.shape[ax]
     return out
 

@@ -60,7 +60,7 @@ def linear_kernel(program, fallback, cache: dict | None = None):
     cache = {} if cache is None else cache
 
     def linear(a, b, *adds):
-        if a.dtype == np.float32 and b.dtype == np.float32 and 2 * a.size * b.shape[-1] < SMALL_FLOP \
+        if a.dtype == np.float32 and b.dtype == np.float32 and native.small(2 * a.size * b.shape[-1], SMALL_FLOP) \
                 and a.ndim >= 1 and a.shape[-1] == b.shape[0]:
             y = np.matmul(a, b)
             for c in adds:
@@ -209,13 +209,13 @@ def make_add_activation(program):
     def add_activation(a, b, *, activation, activation_params):
         act, act_attrs = native_activation(activation, activation_params)
         if native.LIB is None or a.dtype != np.float32 or b.dtype != np.float32 or a.shape != b.shape \
-                or (act is not None and act not in CHAIN_ACTS) or a.size < ADD_ACT_MIN:
+                or (act is not None and act not in CHAIN_ACTS) or native.small(a.size, ADD_ACT_MIN):
             return REF["add_activation"](a, b, activation=activation, activation_params=activation_params)
         code, alpha, beta = native.act_params(act, act_attrs)
         a, b = native.contiguous(a), native.contiguous(b)
         y = np.empty_like(a)
         threads = program.threads
-        chunks = min(threads, a.size // ADD_ACT_MIN)  # (>= 1: a.size >= ADD_ACT_MIN)
+        chunks = max(1, min(threads, a.size // ADD_ACT_MIN))
         native.LIB.npr_add_act_mt(native.ptr(a), native.ptr(b), native.ptr(y), a.size, code, alpha, beta,
                                   threads, chunks)
         return y
@@ -231,7 +231,7 @@ def make_channel_affine(program):
 
     def channel_affine(x, scale=None, shift=None, *, activation, activation_params):
         act, act_attrs = native_activation(activation, activation_params)
-        if native.LIB is None or x.dtype != np.float32 or x.ndim < 2 or x.size < ADD_ACT_MIN \
+        if native.LIB is None or x.dtype != np.float32 or x.ndim < 2 or native.small(x.size, ADD_ACT_MIN) \
                 or any(p is not None and p.dtype != np.float32 for p in (scale, shift)) \
                 or (act is not None and act not in CHAIN_ACTS):
             return REF["channel_affine"](x, scale, shift, activation=activation, activation_params=activation_params)

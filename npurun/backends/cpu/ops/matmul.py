@@ -323,8 +323,32 @@ def rows_split(rows: int, panels: int, threads: int, isa: str) -> bool:
     return threads > 1 and panels < 2 * threads and rows >= 4 * mr * threads
 
 
+def _recorded(program, a, b):
+    """a @ b in a replayed program (native.CALLS), where every product is worth a call: b
+    packed for this call and the packed sgemm, or the batched sgemm over matching batches;
+    None where neither applies."""
+    if a.dtype != np.float32 or b.dtype != np.float32 or a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2] \
+            or a.size == 0 or b.size == 0:
+        return None
+    if b.ndim == 2:
+        return linear(program, a, b, {}, weights=False)
+    if a.shape[:-2] != b.shape[:-2] or _bmm() is None:
+        return None
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    a2, b2 = native.contiguous(a), native.contiguous(b)
+    y = np.empty(a.shape[:-1] + (N,), np.float32)
+    if _bmm()(native.ISA == "avx512", native.ptr(a2), native.ptr(b2), native.ptr(y), a2.size // (M * K), M, K, N,
+              program.threads):
+        raise MemoryError("the batched matmul could not allocate its panel buffer")
+    return y
+
+
 def make_matmul(program):
     def matmul(a, b):
+        if native.CALLS.cheap:
+            y = _recorded(program, a, b)
+            if y is not None:
+                return y
         # One thread, or a product too small to split: NumPy straight away (~2 us, where the
         # banding's checks cost ~10: silero-like graphs of tiny nodes feel it).
         if program.threads == 1 or a.ndim < 2 or b.ndim < 2 \

@@ -1,0 +1,465 @@
+"""Recorded runs: a short program's kernel calls made once, then replayed in one C call a run.
+
+A small model's run is mostly Python: a 10-node LeNet spends ~140 us of its ~190 us (2 threads
+of a 2-core VM, hot; ~330 of ~540 after an idle gap) in the step loop and the kernels' Python
+glue (shapes, plans, allocation, ctypes), against ~3-5 us of arithmetic a node. ONNX Runtime's
+whole run is ~75 us. What a run does, though, is the same every time for one input signature:
+the same kernels, with the same arguments, on buffers that could be the same. So, as CUDA
+graphs do for GPU launches, a program whose run is short records one run's calls and replays
+them:
+
+1. **Warm-up.** A signature (input names, dtypes, shapes) runs normally WARM times, so every
+   per-shape choice has been made (convtune's measurements, plans, packed weights); if its
+   fastest run took over MAX_SECONDS it is never recorded (a replay has no boundary where the
+   scheduler could switch tasks, docs/scheduler.md: long programs keep theirs, and their
+   Python is a small part of them anyway).
+2. **Recording.** One normal run on private copies of the inputs, with no value let go, while
+   the library's entry points note every call: a ctypes call through `errcheck` (set on each
+   of native.LIB's functions for the run), a bound call (csrc/py/addr.c) by the module itself,
+   which also keeps every array whose address is taken (`addr`), so the addresses in the calls
+   stay valid. Each step is then: **C** (it made calls: they become bound records), a **view**
+   (no calls, outputs inside its inputs' memory: a reshape), or **Python** (anything else,
+   control flow included: its kernel runs again at replay and its outputs are copied into the
+   recorded buffers, which later calls read).
+3. **Checking.** What a step does outside its recorded calls (NumPy arithmetic, a copy, a
+   scale read from the data) is not replayed. So the recording is checked: with the float
+   inputs perturbed (fresh random values around the recorded ones), a normal run and a replay
+   must give every value of the program bit for bit. The first step whose values differ runs
+   as Python from then on and the check is repeated; twice, with two perturbations. Inputs of
+   other dtypes (ids, lengths, a sample rate) are not perturbed: a replay requires them equal
+   to the recorded ones (otherwise the run is a normal one).
+4. **Replay.** Inputs copied into the recorded buffers, the C segments each one
+   `_addr.replay` (the GIL let go once), Python steps in between, outputs copied out (a
+   caller may keep or write what it gets).
+
+A recording holds every value of the run at once (no buffer reused), so it is made only for
+runs whose values fit in MAX_BYTES. Runs with a progress callback (a profile, a scheduler
+boundary that must decide) and programs whose steps were wrapped (profiling, calibration) run
+normally; NPURUN_REPLAY=0 turns replays off. Two threads running one program at once: one
+replays, the other runs normally (the recorded buffers are one set).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import threading
+import time
+
+import numpy as np
+
+from ...errors import NpurunError
+from ..base import _ALIAS, _CALL, _IF, _REGIONS
+from . import blas, native
+
+WARM = 2  # normal runs of a signature before it is recorded
+MAX_SECONDS = 20e-3  # a signature whose fastest warm-up run took longer is never recorded
+MAX_BYTES = 32 << 20  # values and kept arrays of a recording
+MAX_SIGNATURES = 8  # per program
+CHECKS = 2  # perturbed inputs a recording must replay bit for bit
+
+try:
+    from ._addr import record as _record_calls, replay as _replay, bind as _bind
+except ImportError:  # pragma: no cover -- built everywhere setup.py builds; bound calls need x86-64 SysV
+    _record_calls = _replay = _bind = None
+
+_RECORDING = threading.Lock()  # one recording at a time in the process (the hooks are global)
+_INTS = {ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_uint, ctypes.c_size_t, ctypes.c_ulong}
+_SKIP = {"npr_fp_enter", "npr_fp_leave"}  # the run's floating-point mode, set around every run
+
+
+def enabled() -> bool:
+    return native.LIB is not None and _replay is not None and os.environ.get("NPURUN_REPLAY", "1") != "0"
+
+
+class _Signature:
+    __slots__ = ("times", "recording", "never")
+
+    def __init__(self):
+        self.times: list = []
+        self.recording: Recording | None = None
+        self.never = ""  # why this signature is not replayed
+
+
+class Replays:
+    """The recordings of one CpuProgram, per input signature (see the module docstring)."""
+
+    def __init__(self, program):
+        self.program = program
+        self.signatures: dict = {}
+        self.lock = threading.Lock()
+
+    def run(self, feeds: dict, progress=None, attention=None):
+        """The run's outputs by replay (or by the runs that warm up and record it); None where
+        this run must be a normal one (the caller runs it)."""
+        program = self.program
+        feeds = program._check(feeds)
+        try:
+            sig = tuple([(k, a.dtype, a.shape) for k, a in feeds.items()])
+        except AttributeError:
+            return None
+        s = self.signatures.get(sig)
+        if s is None:
+            if len(self.signatures) >= MAX_SIGNATURES:
+                return None
+            s = self.signatures[sig] = _Signature()
+        if s.never:
+            return None
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            rec = s.recording
+            if rec is not None:
+                if rec.plan is not program._plan_steps():
+                    s.recording, s.never = None, "the program's steps were replaced"
+                    return None
+                out = rec.run(feeds)
+                if out is None and rec.failed:
+                    s.recording, s.never = None, rec.failed
+                return out
+            if len(s.times) < WARM:
+                t0 = time.perf_counter()
+                out = program._run(feeds, progress, attention)
+                s.times.append(time.perf_counter() - t0)
+                return out
+            if min(s.times) > MAX_SECONDS:
+                s.never = f"runs of {1e3 * min(s.times):.1f} ms (recorded below {1e3 * MAX_SECONDS:.0f} ms)"
+                return None
+            if not _RECORDING.acquire(blocking=False):
+                return None
+            program._cheap = True  # (the recording and its checks pick the kernels replays will run)
+            try:
+                out, s.recording, s.never = record(program, feeds)
+            finally:
+                _RECORDING.release()
+                program._cheap = any(x.recording is not None for x in self.signatures.values())
+            return out
+        finally:
+            self.lock.release()
+
+    def describe(self) -> list[str]:
+        """A line per signature: replayed (how), or why not."""
+        lines = []
+        for sig, s in self.signatures.items():
+            shapes = ", ".join(f"{k} {a}{list(b)}" for k, a, b in sig)
+            if s.recording is not None:
+                lines.append(f"{shapes}: replayed ({s.recording.summary()})")
+            else:
+                lines.append(f"{shapes}: {s.never or 'warming up'}")
+        return lines
+
+
+class Recording:
+    """One signature's run as recorded: `env` every value's buffer, `kinds` a class per step
+    ("c", "view", "py"), `calls` each step's bound records."""
+
+    def __init__(self, program, plan, env, calls, kinds, exact, taken):
+        self.program = program
+        self.plan = plan
+        self.env = env
+        env[""] = None  # an omitted optional input reads as None
+        self.calls = calls
+        self.kinds = kinds
+        self.taken = taken  # arrays whose addresses the records hold
+        self.inputs = [(nm, env[nm]) for nm in program.graph.inputs if nm not in exact]
+        self.exact = [(nm, exact[nm]) for nm in program.graph.inputs if nm in exact]
+        self.exact_names = set(exact)
+        self.outputs = list(program.graph.outputs)
+        self.failed = ""
+        self.segments: list = []
+        self.blas = False
+        self.build()
+
+    def build(self):
+        """The replay's segments from `kinds`: runs of C and view steps as one blob each."""
+        segs, blob, where = [], [], []
+        for i, (entry, kind) in enumerate(zip(self.plan, self.kinds)):
+            if kind == "c":
+                blob += self.calls[i]
+                where += [entry[7]] * len(self.calls[i])
+            elif kind == "py":
+                if blob:
+                    segs.append((b"".join(blob), where))
+                    blob, where = [], []
+                segs.append(entry)
+        if blob:
+            segs.append((b"".join(blob), where))
+        self.segments = segs
+        self.blas = "py" in self.kinds
+
+    def summary(self) -> str:
+        n = {k: self.kinds.count(k) for k in ("c", "view", "py")}
+        calls = sum(len(self.calls[i]) for i, k in enumerate(self.kinds) if k == "c")
+        return (f"{len(self.kinds)} steps: {n['c']} as {calls} C calls, {n['view']} views, "
+                f"{n['py']} in Python; {len(self.segments)} segments")
+
+    def run(self, feeds: dict):
+        """Replay with `feeds` (checked by the program): the outputs, or None for a normal run
+        (non-float inputs other than the recorded ones; `failed` says so if the replay broke)."""
+        for nm, want in self.exact:
+            got = feeds[nm]
+            if got is not want and not np.array_equal(got, want):
+                return None
+        for nm, buf in self.inputs:
+            np.copyto(buf, feeds[nm])
+        program = self.program
+        if len(self.segments) == 1 and len(self.segments[0]) == 2:  # (all C: no Python in between)
+            bad, rc = _replay(self.segments[0][0], program._flush)
+            if bad >= 0:
+                self.failed = f"a replay failed ({self.segments[0][1][bad]}: its kernel returned {rc})"
+                return None
+            env = self.env
+            return {nm: np.array(env[nm], copy=True) for nm in self.outputs}
+        run = self._segments if not self.blas else (lambda: blas.with_threads(1, self._segments))
+        cheap = native.CALLS.cheap
+        native.CALLS.cheap = True  # (Python steps pick the kernels they picked when recorded)
+        try:
+            if program._flush:
+                old = native.LIB.npr_fp_enter()
+                try:
+                    run()
+                finally:
+                    native.LIB.npr_fp_leave(old)
+            else:
+                run()
+        except Exception as e:  # noqa: BLE001 -- the normal run that follows names any real error
+            self.failed = f"a replay failed ({type(e).__name__}: {e})"
+            return None
+        finally:
+            native.CALLS.cheap = cheap
+        env = self.env
+        return {nm: np.array(env[nm], copy=True) for nm in self.outputs}
+
+    def _segments(self):
+        env = self.env
+        get = env.__getitem__
+        for seg in self.segments:
+            if len(seg) == 2:
+                bad, rc = _replay(seg[0], False)  # (the run's mode is set around all segments)
+                if bad >= 0:
+                    raise NpurunError(f"{seg[1][bad]}: its kernel returned {rc}")
+                continue
+            kind, fn, ins, outs, attrs, dead, subs, label = seg
+            if kind == _CALL:
+                res = fn(*map(get, ins), **attrs)
+            elif kind == _IF:
+                c = env[ins[0]]
+                res = tuple(subs["then_branch" if bool(np.asarray(c).reshape(-1)[0]) else "else_branch"]
+                            .call([], env, None, None))
+            elif kind == _REGIONS:
+                regions = {k: (lambda xs, p=p: p.call(xs, env, None, None)) for k, p in subs.items()}
+                res = fn(*map(get, ins), **attrs, _regions=regions)
+            else:  # _ALIAS
+                res = env[ins[0]]
+            if not isinstance(res, tuple):
+                res = (res,)
+            for nm, arr in zip(outs, res):
+                if nm:
+                    buf = env[nm]
+                    if type(buf) is np.ndarray:  # (later calls may read its address)
+                        np.copyto(buf, arr, casting="no")
+                    else:
+                        env[nm] = arr
+
+
+def record(program, feeds: dict):
+    """(outputs of a normal run, Recording or None, why not): the recording of this run, checked."""
+    own = {k: np.array(a, copy=True) for k, a in feeds.items()}
+    calls: list = []
+    taken: list = []
+    env: dict = {}
+    tid = threading.get_ident()
+
+    def errcheck(result, func, args):
+        if threading.get_ident() == tid:
+            calls.append((func, args))
+        return result
+
+    def mark(i, total, label):
+        if i is not None:  # (a region's steps report None: they are inside their node's step)
+            calls.append(i)
+
+    # (not the calls that only ask a constant, such as a kernel's tile rows: they take no arguments)
+    fns = [f for f in (getattr(native.LIB, nm) for nm in native.entry_points() if nm not in _SKIP) if f.argtypes]
+    for f in fns:
+        f.errcheck = errcheck
+    _record_calls(taken, calls)
+    try:
+        program._run(own, mark, None, env)
+    finally:
+        _record_calls(None, None)
+        for f in fns:
+            del f.errcheck
+    out = {nm: np.array(env[nm], copy=True) for nm in program.graph.outputs}
+    for k, a in feeds.items():  # a kernel that wrote into its input wrote into the copy: passed on
+        if a.flags.writeable and not _same(a, own[k]):  # (such a run is then not replayed: _check)
+            np.copyto(a, own[k])
+    plan = program._plan_steps()
+    try:
+        rec = _classify(program, plan, own, env, calls, taken, tid)
+    except _NotReplayable as e:
+        return out, None, str(e)
+    why = _check(rec, own)
+    return out, (None if why else rec), why
+
+
+class _NotReplayable(Exception):
+    pass
+
+
+def _classify(program, plan, own, env, calls, taken, tid) -> Recording:
+    per_step: list = [[]]
+    for c in calls:
+        if isinstance(c, int):
+            per_step.append([])
+        else:
+            per_step[-1].append(c)
+    per_step = per_step[:len(plan)]
+    kinds, recs = [], []
+    for entry, made in zip(plan, per_step):
+        kind, fn, ins, outs = entry[:4]
+        records = None if kind in (_IF, _REGIONS) else _records(made, tid)
+        if records:
+            kinds.append("c")
+        elif kind == _ALIAS or (records is not None and _views(env, ins, outs)):
+            kinds.append("view")
+        else:
+            kinds.append("py")
+        recs.append(records or [])
+    consts = {id(a) for a in program.consts.values()}
+    seen, size = set(), 0
+    for a in list(env.values()) + taken:
+        if isinstance(a, np.ndarray) and id(a) not in consts:
+            base = a if a.base is None else a.base
+            if id(base) not in seen and id(base) not in consts:
+                seen.add(id(base))
+                size += getattr(base, "nbytes", a.nbytes)
+    if size > MAX_BYTES:
+        raise _NotReplayable(f"its values take {size >> 20} MB (recorded up to {MAX_BYTES >> 20} MB)")
+    exact = {k: np.array(a, copy=True) for k, a in own.items() if a.dtype.kind not in "fc"}
+    keep = list({id(a): a for a in taken if a is not None}.values())
+    return Recording(program, plan, env, recs, kinds, exact, keep)
+
+
+def _records(made: list, tid: int) -> list | None:
+    """A step's calls as bound records; None if one of them cannot be bound (the step then
+    runs as Python), [] if it made none."""
+    out = []
+    for c in made:
+        if len(c) == 2 and isinstance(c[0], bytes):  # a bound call, recorded by _addr
+            if c[1] != tid:
+                continue
+            out.append(c[0])
+            continue
+        func, args = c
+        types = func.argtypes or ()
+        if len(types) != len(args):
+            return None
+        ints, floats = [], []
+        for t, v in zip(types, args):
+            if t is ctypes.c_float:
+                floats.append(float(v))
+            elif t in _INTS and (v is None or isinstance(v, (int, np.integer))):
+                ints.append(0 if v is None else int(v))
+            else:
+                return None
+        if len(ints) > 32 or len(floats) > 8:
+            return None
+        addr = ctypes.cast(func, ctypes.c_void_p).value
+        out.append(_bind(addr, tuple(ints), tuple(floats), -1, -1, func.restype is ctypes.c_int))
+    return out
+
+
+def _views(env: dict, ins, outs) -> bool:
+    """Is every output of a step that made no call a view into one of its inputs' memory?"""
+    arrays = [env.get(nm) for nm in ins if nm]
+    arrays = [a for a in arrays if isinstance(a, np.ndarray)]
+    for nm in outs:
+        o = env.get(nm) if nm else None
+        if o is None:
+            continue
+        if not any(np.may_share_memory(o, a) for a in arrays):
+            return False
+    return True
+
+
+def _perturbed(feeds: dict, exact: set, rng) -> dict:
+    """Other inputs of the same kinds: float values with noise around them, except values that
+    are all whole numbers (ids or counts in a float tensor: Keras embeddings), which are shuffled
+    (the same values, valid as before); inputs in `exact` and other dtypes as they are."""
+    out = {}
+    for k, a in feeds.items():
+        if a.dtype.kind not in "fc" or not a.size or k in exact:
+            out[k] = a
+        elif np.all(np.isfinite(a)) and np.all(a == np.round(a)) and np.any(a != a.flat[0]):
+            out[k] = rng.permutation(a.reshape(-1)).reshape(a.shape)
+        else:
+            scale = float(np.std(a.astype(np.float64))) or 1.0
+            out[k] = (a + rng.standard_normal(a.shape) * (0.5 * scale)).astype(a.dtype)
+    return out
+
+
+def _same(a, b) -> bool:
+    if not isinstance(a, (np.ndarray, np.generic)) or not isinstance(b, (np.ndarray, np.generic)):
+        return type(a) is type(b) and (a is b or _same_seq(a, b))
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _same_seq(a, b) -> bool:
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return a == b
+
+
+def _check(rec: Recording, feeds: dict) -> str:
+    """'' if `rec` replays bit for bit what normal runs give on perturbed inputs (steps that
+    do not are made Python steps on the way); else why not."""
+    if not rec.inputs and not rec.exact:
+        return "the program has no inputs"
+    rng = np.random.default_rng(0x5EED)
+    program = rec.program
+    consts = _digest(program.consts)
+    if consts is None:
+        return f"its constants are over {MAX_CONST_BYTES >> 20} MB (not checked for writes)"
+    for _ in range(CHECKS):
+        pert = _perturbed(feeds, rec.exact_names, rng)
+        sent = {k: np.array(a, copy=True) for k, a in pert.items()}
+        want: dict = {}
+        try:
+            program._run(pert, None, None, want)
+        except Exception as e:  # noqa: BLE001 -- inputs the model rejects: no recording
+            return f"a normal run on perturbed inputs failed ({type(e).__name__}: {str(e)[-120:]})"
+        # A kernel that writes into its operands (a cache updated in place) writes, in a
+        # replay, into the recorded copies: the caller's arrays would not change.
+        if not all(_same(sent[k], pert[k]) for k in sent):
+            return "a run writes into its inputs"
+        for _ in range(len(rec.plan) + 1):
+            if rec.run(pert) is None:
+                return rec.failed or "a replay was refused"
+            bad = next((i for i, e in enumerate(rec.plan)
+                        if not all(_same(want.get(nm), rec.env.get(nm)) for nm in e[3] if nm)), None)
+            if bad is None:
+                break
+            if rec.kinds[bad] == "py":
+                return f"{rec.plan[bad][7]} differs between runs of its own kernel"
+            rec.kinds[bad] = "py"
+            rec.build()
+    if _digest(program.consts) != consts:
+        return "a run writes into its constants"
+    return ""
+
+
+MAX_CONST_BYTES = 256 << 20  # constants of a program that is recorded (hashed before and after its checks)
+
+
+def _digest(consts: dict):
+    h = hashlib.blake2b(digest_size=16)
+    total = 0
+    for nm in sorted(consts):
+        a = consts[nm]
+        if isinstance(a, np.ndarray) and 0 not in a.strides:  # (not a let-go weight's stand-in)
+            total += a.nbytes
+            if total > MAX_CONST_BYTES:
+                return None
+            h.update(np.ascontiguousarray(a).view(np.uint8).reshape(-1) if a.size else b"")
+    return h.digest()

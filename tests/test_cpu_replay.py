@@ -1,0 +1,282 @@
+"""Recorded runs (npurun/backends/cpu/replay.py): a short program's kernel calls recorded once
+and replayed. Checked against the reference backend and against the program's own normal runs
+(bit for bit), on fresh random inputs every run; and that what a replay cannot reproduce (a
+step's own NumPy work, an argument read from the data, a kernel writing into its inputs, other
+integer inputs) is caught and run as Python or not replayed at all."""
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import npurun
+from npurun.backends import base
+from npurun.backends.cpu import native, replay
+
+from conftest import nonzero_normal
+
+pytestmark = pytest.mark.skipif(not replay.enabled(), reason="replays need the compiled kernels and csrc/py/addr.c "
+                                "(x86-64 System V)")
+
+
+def _model(tmp_path, rng, name="m"):
+    """A small CNN-and-sequence mix: conv + relu, max pool, a transposed view reshaped (a copy),
+    a broadcast add, a mul by a scalar, concat, a constant pad, a matmul by a constant and one
+    of two computed operands, softmax; an int64 input gathers rows (an `exact` input)."""
+    w = nonzero_normal(rng, (4, 3, 3, 3))
+    b = nonzero_normal(rng, (4,))
+    bias = nonzero_normal(rng, (4,))
+    wm = nonzero_normal(rng, (4, 5))
+    emb = nonzero_normal(rng, (10, 5))
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (bias, "bias"), (wm, "wm"), (emb, "emb"))]
+    inits += [numpy_helper.from_array(np.array([1, 16, 4], np.int64), "shp"),
+              numpy_helper.from_array(np.array([0, 1, 0, 0, 2, 0], np.int64), "pads"),
+              numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Transpose", ["p"], ["t"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["t", "shp"], ["s"]),
+        helper.make_node("Add", ["s", "bias"], ["a"]),
+        helper.make_node("Mul", ["a", "half"], ["m"]),
+        helper.make_node("Concat", ["m", "a"], ["cc"], axis=1),
+        helper.make_node("Pad", ["cc", "pads"], ["pd"], mode="constant"),
+        helper.make_node("MatMul", ["pd", "wm"], ["mm"]),
+        helper.make_node("Gather", ["emb", "ids"], ["g"], axis=0),
+        helper.make_node("Transpose", ["g"], ["gt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["mm", "gt"], ["att"]),
+        helper.make_node("Softmax", ["att"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+                                            helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("mm", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    p = tmp_path / f"{name}.onnx"
+    onnx.save(m, p)
+    return npurun.load(p)
+
+
+def _feeds(rng, ids=(1, 4, 7)):
+    return {"x": nonzero_normal(rng, (1, 3, 8, 8)), "ids": np.array([ids], np.int64)}
+
+
+def _recording(prog):
+    (s,) = prog._replays.signatures.values()
+    return s
+
+
+def _same_bits(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes(), k
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_replays_match_the_reference_and_the_programs_normal_runs_bit_for_bit(tmp_path, rng, threads):
+    g = _model(tmp_path, rng)
+    cpu, ref = npurun.Executor("cpu", parallelism=threads), npurun.Executor("reference")
+    prog = cpu.compile(g)
+    for i in range(8):  # warm-up (2), the recording, then replays
+        f = _feeds(rng)
+        got = prog.run(f)
+        want = ref.run_sync(g, f)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
+        if i >= replay.WARM + 1:
+            _same_bits(got, prog._run(f))  # a normal run of the recorded program: the same bits
+    s = _recording(prog)
+    assert s.recording is not None, s.never
+    kinds = dict(zip([st[0].op for st in prog.steps], s.recording.kinds))
+    # the kernels, copies and products are recorded calls; the gather (NumPy's take) runs as Python
+    for op in ("conv", "max_pool", "reshape", "add", "mul", "concat", "pad", "matmul", "softmax"):
+        assert kinds.get(op) == "c", (op, kinds)
+    assert kinds["transpose"] == "view" and kinds["gather"] == "py"
+    out = prog.run(_feeds(rng))
+    out["y"][...] = 0  # a caller may write into what it gets: the next run is not touched
+    f = _feeds(rng)
+    np.testing.assert_allclose(prog.run(f)["y"], ref.run_sync(g, f)["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_other_integer_inputs_run_normally_and_correctly(tmp_path, rng, monkeypatch):
+    g = _model(tmp_path, rng)
+    cpu, ref = npurun.Executor("cpu", parallelism=1), npurun.Executor("reference")
+    prog = cpu.compile(g)
+    for _ in range(4):
+        prog.run(_feeds(rng))
+    rec = _recording(prog).recording
+    assert rec is not None and [nm for nm, _ in rec.exact] == ["ids"]
+    calls = []
+    real = base.Program.run
+    monkeypatch.setattr(base.Program, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
+    f = _feeds(rng, ids=(9, 0, 3))
+    want = ref.run_sync(g, f)["y"]
+    calls.clear()
+    np.testing.assert_allclose(prog.run(f)["y"], want, rtol=1e-4, atol=1e-5)
+    assert calls == [1]  # not the recorded ids: a normal run
+    prog.run(_feeds(rng))
+    assert calls == [1]  # the recorded ones: a replay
+
+
+def _relu_program(tmp_path, rng, threads=1):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 128])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["r"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "r", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / "r.onnx")
+    return npurun.Executor("cpu", parallelism=threads).compile(npurun.load(tmp_path / "r.onnx"))
+
+
+def _wrap_first(prog, wrapper):
+    n, fn, attrs, dead = prog.steps[0]
+    prog.steps = [(n, wrapper(fn), attrs, dead)] + list(prog.steps[1:])
+
+
+def _sigmoid(v):
+    return 1 / (1 + np.exp(-v.astype(np.float64)))
+
+
+def test_a_steps_own_numpy_work_is_caught_and_run_as_python(tmp_path, rng):
+    prog = _relu_program(tmp_path, rng)
+    # the step calls the compiled relu, then does NumPy work of its own on the result
+    _wrap_first(prog, lambda fn: (lambda x, **a: fn(x, **a) * np.float32(2)))
+    for _ in range(3):
+        prog.run({"x": nonzero_normal(rng, (64, 128))})
+    rec = _recording(prog).recording
+    assert rec is not None and rec.kinds == ["py", "c"]
+    for _ in range(3):
+        x = nonzero_normal(rng, (64, 128))
+        np.testing.assert_allclose(prog.run({"x": x})["y"], _sigmoid(np.maximum(x, 0) * 2), rtol=1e-5, atol=1e-6)
+
+
+def test_an_argument_read_from_the_data_is_caught(tmp_path, rng):
+    prog = _relu_program(tmp_path, rng)
+
+    def scaled(fn):  # leaky relu whose slope is the data's own maximum (a value only this run has)
+        def run(x, **a):
+            y = np.empty_like(x)
+            native.LIB.npr_activation(native.ptr(x), native.ptr(y), x.size, native.ACTS["leaky_relu"],
+                                      float(np.abs(x).max()) / 100, 0.0)
+            return y
+        return run
+    _wrap_first(prog, scaled)
+    for _ in range(3):
+        prog.run({"x": nonzero_normal(rng, (64, 128))})
+    rec = _recording(prog).recording
+    assert rec is not None and rec.kinds == ["py", "c"]
+    x = nonzero_normal(rng, (64, 128))
+    s = np.abs(x).max() / 100
+    np.testing.assert_allclose(prog.run({"x": x})["y"], _sigmoid(np.where(x > 0, x, s * x)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_kernel_writing_into_its_input_is_never_replayed(tmp_path, rng):
+    prog = _relu_program(tmp_path, rng)
+
+    def in_place(fn):  # a cache updated in place: the caller's array changes
+        def run(x, **a):
+            y = fn(x, **a)
+            x += 1
+            return y
+        return run
+    _wrap_first(prog, in_place)
+    for _ in range(5):
+        x = nonzero_normal(rng, (64, 128))
+        x0 = x.copy()
+        prog.run({"x": x})
+        np.testing.assert_array_equal(x, x0 + 1)  # every run, replayed or not, writes the caller's array
+    s = _recording(prog)
+    assert s.recording is None and "writes into its inputs" in s.never
+
+
+def test_long_runs_and_wrapped_steps_are_not_replayed(tmp_path, rng, monkeypatch):
+    prog = _relu_program(tmp_path, rng)
+    monkeypatch.setattr(replay, "MAX_SECONDS", 0.0)
+    for _ in range(4):
+        prog.run({"x": nonzero_normal(rng, (64, 128))})
+    assert _recording(prog).recording is None and "recorded below" in _recording(prog).never
+    monkeypatch.undo()
+    prog = _relu_program(tmp_path, rng)
+    for _ in range(4):
+        prog.run({"x": nonzero_normal(rng, (64, 128))})
+    assert _recording(prog).recording is not None
+    seen = []
+    _wrap_first(prog, lambda fn: (lambda x, **a: seen.append(1) or fn(x, **a)))  # (a profiler's wrapper)
+    x = nonzero_normal(rng, (64, 128))
+    np.testing.assert_allclose(prog.run({"x": x})["y"], _sigmoid(np.maximum(x, 0)), rtol=1e-5, atol=1e-6)
+    assert seen == [1] and "replaced" in _recording(prog).never
+
+
+def test_a_run_with_progress_runs_its_steps(tmp_path, rng):
+    prog = _relu_program(tmp_path, rng)
+    for _ in range(4):
+        prog.run({"x": nonzero_normal(rng, (64, 128))})
+    assert _recording(prog).recording is not None
+    steps = []
+    prog.run({"x": nonzero_normal(rng, (64, 128))}, progress=lambda i, n, label: steps.append(i))
+    assert steps == [1, 2]
+    attention = [True]  # the scheduler's flag raised: a boundary is due, so no replay
+    prog.run({"x": nonzero_normal(rng, (64, 128))}, progress=lambda i, n, label: steps.append(i), attention=attention)
+    assert steps == [1, 2, 1, 2]
+
+
+def test_two_threads_running_one_program_get_their_own_results(tmp_path, rng):
+    g = _model(tmp_path, rng)
+    cpu, ref = npurun.Executor("cpu", parallelism=1), npurun.Executor("reference")
+    prog = cpu.compile(g)
+    for _ in range(4):
+        prog.run(_feeds(rng))
+    feeds = [[_feeds(np.random.default_rng(int(rng.integers(1 << 30)))) for _ in range(30)] for _ in range(2)]
+    got = [[], []]
+
+    def worker(k):
+        for f in feeds[k]:
+            got[k].append(prog.run(f)["y"])
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for k in range(2):
+        for f, y in zip(feeds[k], got[k]):
+            np.testing.assert_allclose(y, ref.run_sync(g, f)["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_replays_off_by_environment(tmp_path, rng, monkeypatch):
+    monkeypatch.setenv("NPURUN_REPLAY", "0")
+    assert _relu_program(tmp_path, rng)._replays is None
+
+
+def _strided(rng, shape, dtype):
+    """A random array of `shape`, as a view of a larger one in some other axis order,
+    sometimes reversed along an axis."""
+    perm = rng.permutation(len(shape))
+    base = nonzero_normal(rng, tuple(np.array(shape)[perm]) if shape else ()).astype(dtype)
+    x = np.transpose(base, np.argsort(perm)) if shape else base
+    if shape and rng.random() < 0.3:
+        x = np.flip(x, axis=int(rng.integers(len(shape))))
+    return x
+
+
+def test_the_copy_and_binary_kernels_equal_numpy_bit_for_bit(rng):
+    ops = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+           "max": np.maximum, "min": np.minimum}
+    for _ in range(200):
+        nd = int(rng.integers(0, 5))
+        shape = tuple(int(d) for d in rng.integers(1, 6, nd))
+        bshape = tuple(d if rng.random() < 0.6 else 1 for d in shape)[int(rng.integers(0, nd + 1)):]
+        a, b = _strided(rng, shape, np.float32), _strided(rng, bshape, np.float32)
+        if a.size and rng.random() < 0.2:
+            a = a.copy()
+            a.flat[int(rng.integers(a.size))] = np.nan
+        for op, f in ops.items():
+            y, want = native.binary(op, a, b), f(a, b)
+            assert y.shape == want.shape and y.tobytes() == want.tobytes(), (op, a.shape, b.shape, a.strides)
+        for dtype in (np.float32, np.int64, np.uint8, np.float16):
+            x = _strided(rng, bshape, dtype)
+            y = np.empty(shape, dtype)
+            assert native.copy_into(y, x)
+            np.testing.assert_array_equal(y, np.broadcast_to(x, shape))
+    x = nonzero_normal(rng, (4, 5))
+    assert not native.copy_into(x[1:], x[:-1])  # overlapping: refused (NumPy's to do)
