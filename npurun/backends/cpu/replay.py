@@ -56,6 +56,7 @@ WARM = 2  # normal runs of a signature before it is recorded
 MAX_SECONDS = 20e-3  # a signature whose fastest warm-up run took longer is never recorded
 MAX_BYTES = 32 << 20  # values and kept arrays of a recording
 MAX_SIGNATURES = 8  # per program
+PIECE_SECONDS = 1e-3  # recorded time of a segment, between two of which the scheduler may switch tasks
 CHECKS = 2  # perturbed inputs a recording must replay bit for bit
 
 try:
@@ -113,7 +114,7 @@ class Replays:
                 if rec.plan is not program._plan_steps():
                     s.recording, s.never = None, "the program's steps were replaced"
                     return None
-                out = rec.run(feeds)
+                out = rec.run(feeds, progress, attention)
                 if out is None and rec.failed:
                     s.recording, s.never = None, rec.failed
                 return out
@@ -125,6 +126,17 @@ class Replays:
             if min(s.times) > MAX_SECONDS:
                 s.never = f"runs of {1e3 * min(s.times):.1f} ms (recorded below {1e3 * MAX_SECONDS:.0f} ms)"
                 return None
+            size = _values_bytes(program.graph)
+            if size > MAX_BYTES:  # (known before recording where the graph's shapes are)
+                s.never = f"its values take {size >> 20} MB (recorded up to {MAX_BYTES >> 20} MB)"
+                return None
+            if len(s.times) == WARM:  # one run with the kernels a replay will take: their own
+                s.times.append(0.0)   # first-call work (a measured choice, a packing) not recorded
+                program._cheap, cheap = True, program._cheap
+                try:
+                    return program._run(feeds, progress, attention)
+                finally:
+                    program._cheap = cheap
             if not _RECORDING.acquire(blocking=False):
                 return None
             program._cheap = True  # (the recording and its checks pick the kernels replays will run)
@@ -153,7 +165,7 @@ class Recording:
     """One signature's run as recorded: `env` every value's buffer, `kinds` a class per step
     ("c", "view", "py"), `calls` each step's bound records."""
 
-    def __init__(self, program, plan, env, calls, kinds, exact, taken):
+    def __init__(self, program, plan, env, calls, kinds, exact, taken, times):
         self.program = program
         self.plan = plan
         self.env = env
@@ -161,29 +173,46 @@ class Recording:
         self.calls = calls
         self.kinds = kinds
         self.taken = taken  # arrays whose addresses the records hold
+        self.times = times  # each step's time in the recording run
         self.inputs = [(nm, env[nm]) for nm in program.graph.inputs if nm not in exact]
         self.exact = [(nm, exact[nm]) for nm in program.graph.inputs if nm in exact]
         self.exact_names = set(exact)
         self.outputs = list(program.graph.outputs)
         self.failed = ""
+        self.diverged = -1  # the `if` step where the last replay stopped, if one did
         self.segments: list = []
         self.blas = False
         self.build()
 
     def build(self):
-        """The replay's segments from `kinds`: runs of C and view steps as one blob each."""
-        segs, blob, where = [], [], []
+        """The replay's segments from `kinds`: ("c", records, labels, steps done, label) for a run
+        of C and view steps of about PIECE_SECONDS (as recorded) at most, ("py", plan entry,
+        steps done, label) for a Python step, ("if", condition, branch) before an `if` whose
+        branch's calls are recorded (a replay that would take the other branch stops: a normal
+        run follows)."""
+        segs, blob, where, spent = [], [], [], 0.0
+
+        def cut(end):
+            nonlocal blob, where, spent
+            if blob:
+                segs.append(("c", b"".join(blob), where, end, self.plan[end - 1][7]))
+            blob, where, spent = [], [], 0.0
         for i, (entry, kind) in enumerate(zip(self.plan, self.kinds)):
             if kind == "c":
+                if entry[0] == _IF:
+                    cut(i)
+                    segs.append(("if", entry[2][0], _truth(self.env[entry[2][0]]), i))
                 blob += self.calls[i]
                 where += [entry[7]] * len(self.calls[i])
+                spent += self.times[i]
+                if spent >= PIECE_SECONDS:
+                    cut(i + 1)
             elif kind == "py":
-                if blob:
-                    segs.append((b"".join(blob), where))
-                    blob, where = [], []
-                segs.append(entry)
-        if blob:
-            segs.append((b"".join(blob), where))
+                cut(i)
+                segs.append(("py", entry, i + 1, entry[7]))
+            else:
+                spent += self.times[i]
+        cut(len(self.plan))
         self.segments = segs
         self.blas = "py" in self.kinds
 
@@ -193,9 +222,11 @@ class Recording:
         return (f"{len(self.kinds)} steps: {n['c']} as {calls} C calls, {n['view']} views, "
                 f"{n['py']} in Python; {len(self.segments)} segments")
 
-    def run(self, feeds: dict):
+    def run(self, feeds: dict, progress=None, attention=None):
         """Replay with `feeds` (checked by the program): the outputs, or None for a normal run
-        (non-float inputs other than the recorded ones; `failed` says so if the replay broke)."""
+        (non-float inputs other than the recorded ones, another branch; `failed` says so if
+        the replay broke). `progress` is called between segments where attention[0] is set
+        (the scheduler's boundary: a better task may go first)."""
         for nm, want in self.exact:
             got = feeds[nm]
             if got is not want and not np.array_equal(got, want):
@@ -203,14 +234,15 @@ class Recording:
         for nm, buf in self.inputs:
             np.copyto(buf, feeds[nm])
         program = self.program
-        if len(self.segments) == 1 and len(self.segments[0]) == 2:  # (all C: no Python in between)
-            bad, rc = _replay(self.segments[0][0], program._flush)
+        if len(self.segments) == 1 and self.segments[0][0] == "c":  # (one piece, all C)
+            bad, rc = _replay(self.segments[0][1], program._flush)
             if bad >= 0:
-                self.failed = f"a replay failed ({self.segments[0][1][bad]}: its kernel returned {rc})"
+                self.failed = f"a replay failed ({self.segments[0][2][bad]}: its kernel returned {rc})"
                 return None
             env = self.env
             return {nm: np.array(env[nm], copy=True) for nm in self.outputs}
-        run = self._segments if not self.blas else (lambda: blas.with_threads(1, self._segments))
+        segments = lambda: self._segments(progress, attention)  # noqa: E731
+        run = segments if not self.blas else (lambda: blas.with_threads(1, segments))
         cheap = native.CALLS.cheap
         native.CALLS.cheap = True  # (Python steps pick the kernels they picked when recorded)
         try:
@@ -222,6 +254,10 @@ class Recording:
                     native.LIB.npr_fp_leave(old)
             else:
                 run()
+        except _Boundary as e:  # (the scheduler's: a timeout, a cancellation)
+            raise e.args[0] from None
+        except _Diverged:
+            return None
         except Exception as e:  # noqa: BLE001 -- the normal run that follows names any real error
             self.failed = f"a replay failed ({type(e).__name__}: {e})"
             return None
@@ -230,36 +266,62 @@ class Recording:
         env = self.env
         return {nm: np.array(env[nm], copy=True) for nm in self.outputs}
 
-    def _segments(self):
+    def _segments(self, progress, attention):
         env = self.env
         get = env.__getitem__
+        total = len(self.plan)
         for seg in self.segments:
-            if len(seg) == 2:
-                bad, rc = _replay(seg[0], False)  # (the run's mode is set around all segments)
+            tag = seg[0]
+            if tag == "c":
+                bad, rc = _replay(seg[1], False)  # (the run's mode is set around all segments)
                 if bad >= 0:
-                    raise NpurunError(f"{seg[1][bad]}: its kernel returned {rc}")
+                    raise NpurunError(f"{seg[2][bad]}: its kernel returned {rc}")
+            elif tag == "if":
+                if _truth(env[seg[1]]) != seg[2]:
+                    self.diverged = seg[3]
+                    raise _Diverged
                 continue
-            kind, fn, ins, outs, attrs, dead, subs, label = seg
-            if kind == _CALL:
-                res = fn(*map(get, ins), **attrs)
-            elif kind == _IF:
-                c = env[ins[0]]
-                res = tuple(subs["then_branch" if bool(np.asarray(c).reshape(-1)[0]) else "else_branch"]
-                            .call([], env, None, None))
-            elif kind == _REGIONS:
-                regions = {k: (lambda xs, p=p: p.call(xs, env, None, None)) for k, p in subs.items()}
-                res = fn(*map(get, ins), **attrs, _regions=regions)
-            else:  # _ALIAS
-                res = env[ins[0]]
-            if not isinstance(res, tuple):
-                res = (res,)
-            for nm, arr in zip(outs, res):
-                if nm:
-                    buf = env[nm]
-                    if type(buf) is np.ndarray:  # (later calls may read its address)
-                        np.copyto(buf, arr, casting="no")
-                    else:
-                        env[nm] = arr
+            else:
+                self._python(seg[1])
+            if progress is not None and attention is not None and attention[0]:
+                try:
+                    progress(seg[-2], total, seg[-1])
+                except BaseException as e:
+                    raise _Boundary(e) from None
+
+    def _python(self, entry):
+        env = self.env
+        kind, fn, ins, outs, attrs, dead, subs, label = entry
+        if kind == _CALL:
+            res = fn(*map(env.__getitem__, ins), **attrs)
+        elif kind == _IF:
+            res = tuple(subs["then_branch" if _truth(env[ins[0]]) else "else_branch"].call([], env, None, None))
+        elif kind == _REGIONS:
+            regions = {k: (lambda xs, p=p: p.call(xs, env, None, None)) for k, p in subs.items()}
+            res = fn(*map(env.__getitem__, ins), **attrs, _regions=regions)
+        else:  # _ALIAS
+            res = env[ins[0]]
+        if not isinstance(res, tuple):
+            res = (res,)
+        for nm, arr in zip(outs, res):
+            if nm:
+                buf = env[nm]
+                if type(buf) is np.ndarray:  # (later calls may read its address)
+                    np.copyto(buf, arr, casting="no")
+                else:
+                    env[nm] = arr
+
+
+class _Diverged(Exception):
+    """A replay reached an `if` whose condition now picks the other branch."""
+
+
+class _Boundary(Exception):
+    """What the scheduler's boundary raised (a timeout, a cancellation), carried out unchanged."""
+
+
+def _truth(c) -> bool:
+    return bool(np.asarray(c).reshape(-1)[0])
 
 
 def record(program, feeds: dict):
@@ -275,15 +337,19 @@ def record(program, feeds: dict):
             calls.append((func, args))
         return result
 
+    times: list = []
+
     def mark(i, total, label):
         if i is not None:  # (a region's steps report None: they are inside their node's step)
             calls.append(i)
+            times.append(time.perf_counter())
 
     # (not the calls that only ask a constant, such as a kernel's tile rows: they take no arguments)
     fns = [f for f in (getattr(native.LIB, nm) for nm in native.entry_points() if nm not in _SKIP) if f.argtypes]
     for f in fns:
         f.errcheck = errcheck
     _record_calls(taken, calls)
+    times.append(time.perf_counter())
     try:
         program._run(own, mark, None, env)
     finally:
@@ -296,18 +362,30 @@ def record(program, feeds: dict):
             np.copyto(a, own[k])
     plan = program._plan_steps()
     try:
-        rec = _classify(program, plan, own, env, calls, taken, tid)
+        rec = _classify(program, plan, own, env, calls, taken, tid, [b - a for a, b in zip(times, times[1:])])
     except _NotReplayable as e:
         return out, None, str(e)
     why = _check(rec, own)
     return out, (None if why else rec), why
 
 
+def _values_bytes(graph) -> int:
+    """The bytes of the graph's computed values where their shapes are known (0 for the rest)."""
+    total = 0
+    for v in graph.values.values():
+        if not v.is_const and v.kind == "tensor":
+            try:
+                total += v.nbytes or 0
+            except Exception:  # noqa: BLE001 -- a dtype with no fixed size: counted when recorded
+                pass
+    return total
+
+
 class _NotReplayable(Exception):
     pass
 
 
-def _classify(program, plan, own, env, calls, taken, tid) -> Recording:
+def _classify(program, plan, own, env, calls, taken, tid, times) -> Recording:
     per_step: list = [[]]
     for c in calls:
         if isinstance(c, int):
@@ -318,7 +396,7 @@ def _classify(program, plan, own, env, calls, taken, tid) -> Recording:
     kinds, recs = [], []
     for entry, made in zip(plan, per_step):
         kind, fn, ins, outs = entry[:4]
-        records = None if kind in (_IF, _REGIONS) else _records(made, tid)
+        records = None if kind == _REGIONS else _records(made, tid)
         if records:
             kinds.append("c")
         elif kind == _ALIAS or (records is not None and _views(env, ins, outs)):
@@ -338,7 +416,7 @@ def _classify(program, plan, own, env, calls, taken, tid) -> Recording:
         raise _NotReplayable(f"its values take {size >> 20} MB (recorded up to {MAX_BYTES >> 20} MB)")
     exact = {k: np.array(a, copy=True) for k, a in own.items() if a.dtype.kind not in "fc"}
     keep = list({id(a): a for a in taken if a is not None}.values())
-    return Recording(program, plan, env, recs, kinds, exact, keep)
+    return Recording(program, plan, env, recs, kinds, exact, keep, times)
 
 
 def _records(made: list, tid: int) -> list | None:
@@ -434,10 +512,14 @@ def _check(rec: Recording, feeds: dict) -> str:
         if not all(_same(sent[k], pert[k]) for k in sent):
             return "a run writes into its inputs"
         for _ in range(len(rec.plan) + 1):
+            rec.diverged = -1
             if rec.run(pert) is None:
-                return rec.failed or "a replay was refused"
-            bad = next((i for i, e in enumerate(rec.plan)
-                        if not all(_same(want.get(nm), rec.env.get(nm)) for nm in e[3] if nm)), None)
+                if rec.diverged < 0:
+                    return rec.failed or "a replay was refused"
+                bad = rec.diverged  # an `if` whose branch depends on the data: run as Python
+            else:
+                bad = next((i for i, e in enumerate(rec.plan)
+                            if not all(_same(want.get(nm), rec.env.get(nm)) for nm in e[3] if nm)), None)
             if bad is None:
                 break
             if rec.kinds[bad] == "py":

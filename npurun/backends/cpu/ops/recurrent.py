@@ -24,6 +24,7 @@ from ... import pieces
 from ...reference.kernels import KERNELS as REF
 from ...reference.kernels.sequence_models import _activations
 from .. import native
+from . import matmul as MM
 
 
 def _sigmoid(v):
@@ -144,15 +145,11 @@ def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threa
     dirs = w.shape[0]
     flat = np.ascontiguousarray(x).reshape(seq * batch, size)
     y = np.empty((seq, dirs, batch, hid), np.float32)
-    hs = np.zeros((dirs, batch, hid), np.float32) if initial_h is None else np.array(initial_h, np.float32, order="C")
-    cs = np.zeros((dirs, batch, hid), np.float32) if initial_c is None else np.array(initial_c, np.float32, order="C")
+    hs, cs = _state(initial_h, (dirs, batch, hid)), _state(initial_c, (dirs, batch, hid))
     rts = _transposed(r)
     projs = []
-    for d in range(dirs):
-        proj = flat @ w[d].T  # (S*B, 4H), every step's input projection in one product
-        if b is not None:
-            proj += b[d, :4 * hid] + b[d, 4 * hid:]
-        projs.append(np.ascontiguousarray(proj, np.float32))
+    for d in range(dirs):  # (S*B, 4H), every step's input projection in one product
+        projs.append(_project(flat, w, d, None if b is None else b[d, :4 * hid] + b[d, 4 * hid:], threads))
     ys, p = dirs * batch * hid, native.ptr
     rc = 0
     for s0, s1 in _steps(seq, dirs * batch * 4 * hid * hid, _LSTM_CAL):
@@ -172,6 +169,45 @@ def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threa
 
 
 _RT: dict = {}  # id(R) -> (R, [R[d]^T contiguous]): the constants are the same arrays every run
+_ZERO = np.zeros(1, np.float32)
+
+
+class _Threads:  # (what matmul.linear reads of a program)
+    def __init__(self, threads):
+        self.threads = threads
+
+
+def _project(flat, w, d, bias, threads):
+    """flat @ w[d]^T (+ bias), float32 and contiguous: NumPy's BLAS; in a replayed program
+    (native.CALLS) the packed sgemm on w[d]^T packed once, the bias in its epilogue."""
+    if native.CALLS.cheap and w.dtype == np.float32:
+        wt = _transposed(w)[d]
+        packs = _PACKS.get(id(wt))
+        if packs is None or packs[0] is not wt:
+            if len(_PACKS) >= 16:
+                _PACKS.pop(next(iter(_PACKS)))
+            packs = _PACKS[id(wt)] = (wt, {})
+        y = MM.linear(_Threads(threads), flat, wt, packs[1], () if bias is None else (bias.astype(np.float32),))
+        if y is not None:
+            return y
+    proj = flat @ w[d].T
+    if bias is not None:
+        proj += bias
+    return np.ascontiguousarray(proj, np.float32)
+
+
+_PACKS: dict = {}  # id(w[d]^T) -> (it, its packed copy's cache)
+
+
+def _state(initial, shape):
+    """The recurrence's state, which the kernels update in place: a copy of `initial`, or zeros;
+    in a replayed program by a recorded copy (the zeros too: the recorded buffer holds the last
+    run's final state)."""
+    if native.CALLS.cheap and (initial is None or initial.dtype == np.float32):
+        st = np.empty(shape, np.float32)
+        if native.copy_into(st, _ZERO if initial is None else initial):
+            return st
+    return np.zeros(shape, np.float32) if initial is None else np.array(initial, np.float32, order="C")
 
 
 def _transposed(r):
@@ -241,20 +277,18 @@ def _gru_native(x, w, r, b, initial_h, hid, direction, layout, lbr, threads=1):
     dirs = w.shape[0]
     flat = np.ascontiguousarray(x).reshape(seq * batch, size)
     y = np.empty((seq, dirs, batch, hid), np.float32)
-    hs = np.zeros((dirs, batch, hid), np.float32) if initial_h is None else np.array(initial_h, np.float32, order="C")
+    hs = _state(initial_h, (dirs, batch, hid))
     rts = _transposed(r)
     projs, rbhs = [], []
     for d in range(dirs):
-        proj = flat @ w[d].T  # (S*B, 3H)
-        rbh = None
+        rbh = bias = None
         if b is not None:
             wb, rb = b[d, :3 * hid], b[d, 3 * hid:]
             bias = wb + rb
             if lbr:  # the candidate's Rbh sits inside the reset product: the kernel adds it
                 bias[2 * hid:] = wb[2 * hid:]
                 rbh = np.ascontiguousarray(rb[2 * hid:], np.float32)
-            proj += bias
-        projs.append(np.ascontiguousarray(proj, np.float32))
+        projs.append(_project(flat, w, d, bias, threads))  # (S*B, 3H)
         rbhs.append(rbh)
     ys, p = dirs * batch * hid, native.ptr
     rc = 0
