@@ -20,6 +20,13 @@ pytestmark = pytest.mark.skipif(not replay.enabled(), reason="replays need the c
                                 "(x86-64 System V)")
 
 
+@pytest.fixture(autouse=True)
+def _kept(monkeypatch):
+    """A recording is kept whatever replays measure against normal runs (a timing: tests never
+    depend on one); test_a_recording_slower_than_normal_runs_is_dropped checks that decision."""
+    monkeypatch.setattr(replay, "_slower", lambda program, rec, feeds: "")
+
+
 def _model(tmp_path, rng, name="m"):
     """A small CNN-and-sequence mix: conv + relu, max pool, a transposed view reshaped (a copy),
     a broadcast add, a mul by a scalar, concat, a constant pad, a matmul by a constant and one
@@ -280,3 +287,38 @@ def test_the_copy_and_binary_kernels_equal_numpy_bit_for_bit(rng):
             np.testing.assert_array_equal(y, np.broadcast_to(x, shape))
     x = nonzero_normal(rng, (4, 5))
     assert not native.copy_into(x[1:], x[:-1])  # overlapping: refused (NumPy's to do)
+
+
+def test_a_recording_slower_than_normal_runs_is_dropped(tmp_path, rng, monkeypatch):
+    monkeypatch.undo()  # (the real decision, on a fake clock: replays take 200 us, normal runs 100)
+    clock = [0.0]
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter():
+            return clock[0]
+    prog = _relu_program(tmp_path, rng)
+    real_run, real_replay = prog._run, replay.Recording.run
+
+    def normal(*a, **k):
+        clock[0] += 1e-4
+        return real_run(*a, **k)
+
+    def replayed(self, *a, **k):
+        clock[0] += 2e-4
+        return real_replay(self, *a, **k)
+    monkeypatch.setattr(replay, "time", FakeTime)
+    monkeypatch.setattr(prog, "_run", normal)
+    monkeypatch.setattr(replay.Recording, "run", replayed)
+    for _ in range(replay.WARM + 2):
+        x = nonzero_normal(rng, (64, 128))
+        np.testing.assert_allclose(prog.run({"x": x})["y"], _sigmoid(np.maximum(x, 0)), rtol=1e-5, atol=1e-6)
+    s = _recording(prog)
+    assert s.recording is None and s.never.startswith("replays took") and not prog._cheap
+    monkeypatch.setattr(replay.Recording, "run", lambda self, *a, **k: (clock.__setitem__(0, clock[0] + 0.5e-4),
+                                                                        real_replay(self, *a, **k))[1])
+    prog = _relu_program(tmp_path, rng)
+    monkeypatch.setattr(prog, "_run", normal)
+    for _ in range(replay.WARM + 2):
+        prog.run({"x": nonzero_normal(rng, (64, 128))})
+    assert _recording(prog).recording is not None and _recording(prog).recording.speedup == pytest.approx(2.0)

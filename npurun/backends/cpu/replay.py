@@ -142,6 +142,9 @@ class Replays:
             program._cheap = True  # (the recording and its checks pick the kernels replays will run)
             try:
                 out, s.recording, s.never = record(program, feeds)
+                if s.recording is not None:
+                    s.never = _slower(program, s.recording, feeds)
+                    s.recording = None if s.never else s.recording
             finally:
                 _RECORDING.release()
                 program._cheap = any(x.recording is not None for x in self.signatures.values())
@@ -179,6 +182,7 @@ class Recording:
         self.exact_names = set(exact)
         self.outputs = list(program.graph.outputs)
         self.failed = ""
+        self.speedup = 1.0  # normal run / replay, as measured when recorded
         self.diverged = -1  # the `if` step where the last replay stopped, if one did
         self.segments: list = []
         self.blas = False
@@ -220,7 +224,7 @@ class Recording:
         n = {k: self.kinds.count(k) for k in ("c", "view", "py")}
         calls = sum(len(self.calls[i]) for i, k in enumerate(self.kinds) if k == "c")
         return (f"{len(self.kinds)} steps: {n['c']} as {calls} C calls, {n['view']} views, "
-                f"{n['py']} in Python; {len(self.segments)} segments")
+                f"{n['py']} in Python; {len(self.segments)} segments; {self.speedup:.1f}x a normal run")
 
     def run(self, feeds: dict, progress=None, attention=None):
         """Replay with `feeds` (checked by the program): the outputs, or None for a normal run
@@ -367,6 +371,32 @@ def record(program, feeds: dict):
         return out, None, str(e)
     why = _check(rec, own)
     return out, (None if why else rec), why
+
+
+TIMINGS = 3  # rounds of a normal run and a replay, alternating, before a recording is kept
+
+
+def _slower(program, rec, feeds) -> str:
+    """'' if replays of `rec` take less time than normal runs (medians of TIMINGS rounds,
+    alternating, on the recorded inputs); else why the recording is dropped. A replay whose
+    steps are mostly Python (a data-dependent branch holding the model) is no faster, and the
+    library's calls that replace NumPy's small-size paths there cost what they save."""
+    normal, replayed = [], []
+    for _ in range(TIMINGS):
+        program._cheap = False
+        t0 = time.perf_counter()
+        program._run(feeds, None, None)
+        normal.append(time.perf_counter() - t0)
+        program._cheap = True
+        t0 = time.perf_counter()
+        if rec.run(feeds) is None:
+            return rec.failed or "a replay was refused"
+        replayed.append(time.perf_counter() - t0)
+    a, b = sorted(replayed)[TIMINGS // 2], sorted(normal)[TIMINGS // 2]
+    rec.speedup = b / a
+    if a >= b:
+        return f"replays took {1e6 * a:.0f} us against {1e6 * b:.0f} us for normal runs"
+    return ""
 
 
 def _values_bytes(graph) -> int:
