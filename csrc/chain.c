@@ -6,6 +6,7 @@
  *
  * act is an activation code of act.h (0 = none; its alpha, beta as for the conv epilogue). */
 #define _POSIX_C_SOURCE 200809L  /* clock_gettime (par.h) under -std=c11 */
+#include <math.h>
 #include <string.h>
 #include "act.h"
 #include "par.h"
@@ -216,5 +217,26 @@ void npr_binary(int op, const float *a, const float *b, float *y, int nd, const 
         binary_row(op, a + oa, sa[nd - 1], b + ob, sb[nd - 1], y + r * n, n);
         for (int d = nd - 2; d >= 0 && ++idx[d] == shape[d]; d--)  /* the next row's index */
             idx[d] = 0;
+    }
+}
+
+
+/* y = f(x) over n floats (ops/unary.py in a replayed program). op: 0 sqrt, 1 reciprocal, 2 neg,
+ * 3 abs, 4 exp, 5 log, 6 sin, 7 cos, 8 floor, 9 ceil. sqrt, reciprocal, neg, abs, floor and
+ * ceil are exact, as NumPy's; exp, log, sin and cos are libm's (within an ulp or two of
+ * NumPy's own vector versions). */
+void npr_unary(int op, const float *x, float *y, long n)
+{
+    switch (op) {
+    case 0: for (long i = 0; i < n; i++) y[i] = sqrtf(x[i]); break;
+    case 1: for (long i = 0; i < n; i++) y[i] = 1.0f / x[i]; break;
+    case 2: for (long i = 0; i < n; i++) y[i] = -x[i]; break;
+    case 3: for (long i = 0; i < n; i++) y[i] = fabsf(x[i]); break;
+    case 4: for (long i = 0; i < n; i++) y[i] = expf(x[i]); break;
+    case 5: for (long i = 0; i < n; i++) y[i] = logf(x[i]); break;
+    case 6: for (long i = 0; i < n; i++) y[i] = sinf(x[i]); break;
+    case 7: for (long i = 0; i < n; i++) y[i] = cosf(x[i]); break;
+    case 8: for (long i = 0; i < n; i++) y[i] = floorf(x[i]); break;
+    default: for (long i = 0; i < n; i++) y[i] = ceilf(x[i]); break;
     }
 }

@@ -289,6 +289,20 @@ def test_the_copy_and_binary_kernels_equal_numpy_bit_for_bit(rng):
     assert not native.copy_into(x[1:], x[:-1])  # overlapping: refused (NumPy's to do)
 
 
+def test_the_unary_kernel_matches_numpy(rng):
+    """Exact where NumPy's is (sqrt, reciprocal, neg, abs, floor, ceil: bit for bit); libm's
+    exp, log, sin, cos within a few ulps of NumPy's own."""
+    x = _strided(rng, (3, 7, 5), np.float32) * 3
+    pos = np.abs(x) + np.float32(0.1)
+    for op, f in {"sqrt": np.sqrt, "reciprocal": lambda v: 1 / v, "neg": np.negative, "abs": np.abs,
+                  "floor": np.floor, "ceil": np.ceil}.items():
+        v = pos if op == "sqrt" else x
+        assert native.unary(op, v).tobytes() == f(v).tobytes(), op
+    for op, f in {"exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos}.items():
+        v = pos if op == "log" else x
+        np.testing.assert_allclose(native.unary(op, v), f(v.astype(np.float64)), rtol=3e-7, atol=1e-7, err_msg=op)
+
+
 def test_a_recording_slower_than_normal_runs_is_dropped(tmp_path, rng, monkeypatch):
     monkeypatch.undo()  # (the real decision, on a fake clock: replays take 200 us, normal runs 100)
     clock = [0.0]

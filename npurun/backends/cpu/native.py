@@ -78,6 +78,7 @@ def _signatures() -> dict:
         "npr_prelu_channels": ([P, P, L, L, L, P], None),
         "npr_binary": ([I, P, P, P, I, P, P, P], None),
         "npr_copy": ([P, P, I, P, P, P, L], None),
+        "npr_unary": ([I, P, P, L], None),
         # resize.c: one axis of an interpolating resize (ops/vision.py)
         "npr_resize_axis": ([P, P, L, L, L, L, P, P, I], None),
         "npr_resize_axis_mt": ([P, P, L, L, L, L, P, P, I, I, I], None),
@@ -388,6 +389,18 @@ def binary(op: str, a: np.ndarray, b: np.ndarray):
         return None
     d = np.array(dims, np.int64).T.copy()
     LIB.npr_binary(BINARY[op], ptr(a), ptr(b), ptr(y), len(dims), ptr(d[0]), ptr(d[1]), ptr(d[2]))
+    return y
+
+
+UNARY = {"sqrt": 0, "reciprocal": 1, "neg": 2, "abs": 3, "exp": 4, "log": 5, "sin": 6, "cos": 7,
+         "floor": 8, "ceil": 9}  # csrc/chain.c's npr_unary
+
+
+def unary(op: str, x: np.ndarray) -> np.ndarray:
+    """op(x) for a float32 array by one call of csrc/chain.c's npr_unary."""
+    x = contiguous(x)
+    y = np.empty(x.shape, np.float32)
+    LIB.npr_unary(UNARY[op], ptr(x), ptr(y), x.size)
     return y
 
 
