@@ -228,6 +228,29 @@ def test_a_run_with_progress_runs_its_steps(tmp_path, rng):
     assert steps == [1, 2, 1, 2]
 
 
+def test_a_flag_raised_during_a_replay_gets_the_boundary_between_segments(tmp_path, rng):
+    prog = _relu_program(tmp_path, rng)
+    attention = [False]
+
+    def raising(fn):  # a Python step (its own NumPy work) during which a better task arrives
+        def run(x, **a):
+            attention[0] = fired[0]
+            return fn(x, **a) * np.float32(2)
+        return run
+    fired = [False]
+    _wrap_first(prog, raising)
+    for _ in range(replay.WARM + 2):
+        prog.run({"x": nonzero_normal(rng, (64, 128))})
+    rec = _recording(prog).recording
+    assert rec is not None and rec.kinds == ["py", "c"]
+    seen = []
+    fired[0] = True
+    x = nonzero_normal(rng, (64, 128))
+    y = prog.run({"x": x}, progress=lambda i, n, label: seen.append(i), attention=attention)["y"]
+    np.testing.assert_allclose(y, _sigmoid(np.maximum(x, 0) * 2), rtol=1e-5, atol=1e-6)
+    assert seen == [1, 2]  # (a replay: the boundary after each segment once the flag is up)
+
+
 def test_two_threads_running_one_program_get_their_own_results(tmp_path, rng):
     g = _model(tmp_path, rng)
     cpu, ref = npurun.Executor("cpu", parallelism=1), npurun.Executor("reference")
