@@ -90,3 +90,21 @@ void npr_copy(char *y, const char *x, int nd, const long *shape, const long *sy,
             idx[d] = 0;
     }
 }
+
+
+/* y[o, j, :] = x[o, idx[j], :] for o < outer, j < n: a Gather along one axis of a contiguous x
+ * seen as (outer, len, inner bytes), the indices read when called (a replayed program's Gather
+ * takes whatever indices the run brings: ops/shape_fast.py). Negative indices count from the
+ * end. Returns 0, or 1 (nothing written) for an index out of range: the caller raises. */
+int npr_take(char *y, const char *x, const long *idx, long n, long outer, long len, long inner)
+{
+    for (long j = 0; j < n; j++)
+        if (idx[j] < -len || idx[j] >= len)
+            return 1;
+    for (long o = 0; o < outer; o++)
+        for (long j = 0; j < n; j++) {
+            long i = idx[j] < 0 ? idx[j] + len : idx[j];
+            memcpy(y + (o * n + j) * inner, x + (o * len + i) * inner, (size_t)inner);
+        }
+    return 0;
+}

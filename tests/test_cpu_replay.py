@@ -97,7 +97,7 @@ def test_replays_match_the_reference_and_the_programs_normal_runs_bit_for_bit(tm
     s = _recording(prog)
     assert s.recording is not None, s.never
     kinds = dict(zip([st[0].op for st in prog.steps], s.recording.kinds))
-    # the kernels, copies and products are recorded calls (the gather a copy per recorded id)
+    # the kernels, copies and products are recorded calls (the gather reads this run's ids)
     for op in ("conv", "max_pool", "reshape", "add", "mul", "concat", "pad", "matmul", "softmax", "gather"):
         assert kinds.get(op) == "c", (op, kinds)
     assert kinds["transpose"] == "view"
@@ -107,24 +107,42 @@ def test_replays_match_the_reference_and_the_programs_normal_runs_bit_for_bit(tm
     np.testing.assert_allclose(prog.run(f)["y"], ref.run_sync(g, f)["y"], rtol=1e-4, atol=1e-5)
 
 
-def test_other_integer_inputs_run_normally_and_correctly(tmp_path, rng, monkeypatch):
+def test_ids_are_inputs_like_any_and_a_constant_integer_input_must_match(tmp_path, rng, monkeypatch):
     g = _model(tmp_path, rng)
     cpu, ref = npurun.Executor("cpu", parallelism=1), npurun.Executor("reference")
     prog = cpu.compile(g)
     for _ in range(replay.WARM + 2):
         prog.run(_feeds(rng))
     rec = _recording(prog).recording
-    assert rec is not None and [nm for nm, _ in rec.exact] == ["ids"]
+    assert rec is not None and rec.exact == []  # ids shuffled in the check: any ids replay
     calls = []
     real = base.Program.run
     monkeypatch.setattr(base.Program, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
-    f = _feeds(rng, ids=(9, 0, 3))
-    want = ref.run_sync(g, f)["y"]
+    for ids in ((9, 0, 3), (2, 2, 5)):
+        f = _feeds(rng, ids=ids)
+        want = ref.run_sync(g, f)["y"]
+        calls.clear()
+        np.testing.assert_allclose(prog.run(f)["y"], want, rtol=1e-4, atol=1e-5)
+        assert calls == []  # a replay, with this run's ids
+    # an integer input whose values are all one (a sample rate): required equal, else a normal run
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    k = helper.make_tensor_value_info("k", TensorProto.INT64, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT), helper.make_node("Mul", ["x", "kf"], ["y"])]
+    onnx.save(helper.make_model(helper.make_graph(nodes, "k", [x, k], [y]), opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "k.onnx")
+    prog = cpu.compile(npurun.load(tmp_path / "k.onnx"))
+    for _ in range(replay.WARM + 2):
+        prog.run({"x": nonzero_normal(rng, (4, 8)), "k": np.array(3)})
+    rec = _recording(prog).recording
+    assert rec is not None and [nm for nm, _ in rec.exact] == ["k"]
+    xs = nonzero_normal(rng, (4, 8))
     calls.clear()
-    np.testing.assert_allclose(prog.run(f)["y"], want, rtol=1e-4, atol=1e-5)
-    assert calls == [1]  # not the recorded ids: a normal run
-    prog.run(_feeds(rng))
-    assert calls == [1]  # the recorded ones: a replay
+    np.testing.assert_array_equal(prog.run({"x": xs, "k": np.array(5)})["y"], xs * 5)
+    assert calls == [1]  # another sample rate: a normal run
+    calls.clear()
+    np.testing.assert_array_equal(prog.run({"x": xs, "k": np.array(3)})["y"], xs * 3)
+    assert calls == []
 
 
 def _relu_program(tmp_path, rng, threads=1):
@@ -359,3 +377,49 @@ def test_a_recording_slower_than_normal_runs_is_dropped(tmp_path, rng, monkeypat
     for _ in range(replay.WARM + 2):
         prog.run({"x": nonzero_normal(rng, (64, 128))})
     assert _recording(prog).recording is not None and _recording(prog).recording.speedup == pytest.approx(2.0)
+
+
+def _if_model(tmp_path, name, cond_nodes):
+    """y = if cond: relu(x) * 2 + 1 else: -x, the condition made by `cond_nodes` (-> c); x's
+    first axis symbolic (so a shape chain stays in the program compiled without shapes)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["r", "two"], ["m"]),
+                              helper.make_node("Add", ["m", "one"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)], [two, one])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = cond_nodes + [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "i0"), numpy_helper.from_array(np.array([4], np.int64), "n4"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
+    m = helper.make_model(helper.make_graph(nodes, name, [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / f"{name}.onnx")
+    return npurun.load(tmp_path / f"{name}.onnx")
+
+
+def test_an_if_on_a_shape_is_recorded_step_by_step_and_one_on_the_data_stays_correct(tmp_path, rng):
+    ref = npurun.Executor("reference")
+    # the condition from the input's shape (Shape -> Gather -> Equal): fixed for the signature
+    g = _if_model(tmp_path, "shape_if", [helper.make_node("Shape", ["x"], ["s"]),
+                                         helper.make_node("Gather", ["s", "i0"], ["s0"], axis=0),
+                                         helper.make_node("Equal", ["s0", "n4"], ["c1"]),
+                                         helper.make_node("Squeeze", ["c1"], ["c"])])
+    prog = npurun.Executor("cpu", parallelism=1).compile(g)
+    for _ in range(replay.WARM + 4):
+        x = nonzero_normal(rng, (4, 8))
+        np.testing.assert_allclose(prog.run({"x": x})["y"], ref.run_sync(g, {"x": x})["y"], rtol=1e-6, atol=1e-6)
+    rec = _recording(prog).recording
+    assert rec is not None and "guard" in rec.kinds and rec.kinds.count("const") >= 3
+    # (the shape chain fixed; the branch's step, the passes' fused affine + relu, a recorded
+    # call after the guard; the if's output an alias of the branch's)
+    assert rec.kinds[rec.kinds.index("guard") + 1:] == ["c", "view"]
+    # the condition from the data: whichever branch a run takes, its answer is the reference's
+    g = _if_model(tmp_path, "data_if", [helper.make_node("ReduceSum", ["x"], ["sum"], keepdims=0),
+                                        helper.make_node("Greater", ["sum", "zero"], ["c"])])
+    prog = npurun.Executor("cpu", parallelism=1).compile(g)
+    for shift in [10.0] * (replay.WARM + 3) + [-10.0, 10.0, -10.0]:  # (the check's noise cannot flip a sum of ~320)
+        x = nonzero_normal(rng, (4, 8)) + np.float32(shift)
+        np.testing.assert_allclose(prog.run({"x": x})["y"], ref.run_sync(g, {"x": x})["y"], rtol=1e-6, atol=1e-6)
+    assert "guard" in _recording(prog).recording.kinds  # recorded on the then-branch, guarded

@@ -193,13 +193,17 @@ class CpuProgram(Program):
         return self._run(feeds, progress, attention, keep)
 
     def _run(self, feeds, progress=None, attention=None, keep=None):
-        """A normal run: the step list in Python (Program.run) with BLAS held and subnormals
-        flushed; in a program that is replayed, with the library's calls taken as cheap
-        (native.CALLS: the kernels a normal run picks are then those its recording made)."""
+        """A normal run: the step list in Python (Program.run), in the program's run mode (_within)."""
+        return self._within(lambda: super(CpuProgram, self).run(feeds, progress, attention, keep))
+
+    def _within(self, fn):
+        """fn() with BLAS held and subnormals flushed; in a program that is replayed, with the
+        library's calls taken as cheap (native.CALLS: the kernels a normal run picks are then
+        those its recording made)."""
         if self._cheap and not native.CALLS.cheap:
             native.CALLS.cheap = True
             try:
-                return self._run(feeds, progress, attention, keep)
+                return self._within(fn)
             finally:
                 native.CALLS.cheap = False
         # BLAS threads are process-wide: held for the duration of this run only, to one thread
@@ -208,14 +212,13 @@ class CpuProgram(Program):
         # bidirectional LSTM's two directions at 2 threads: 10.1 ms with BLAS at 2, 6.4 at 1;
         # PP-OCRv4 det 0.85x, CvT-13 0.74x). Without them, NumPy's BLAS is the only threading.
         n = 1 if native.LIB is not None else self.threads
-        run = lambda: super(CpuProgram, self).run(feeds, progress, attention, keep)  # noqa: E731
         if not self._flush:
-            return blas.with_threads(n, run)
+            return blas.with_threads(n, fn)
         # subnormals flushed to zero for the run, on this thread and the kernels' workers
         # (native.flush_subnormals says why); the caller's mode is back when it returns
         old = native.LIB.npr_fp_enter()
         try:
-            return blas.with_threads(n, run)
+            return blas.with_threads(n, fn)
         finally:
             native.LIB.npr_fp_leave(old)
 

@@ -78,6 +78,7 @@ def _signatures() -> dict:
         "npr_prelu_channels": ([P, P, L, L, L, P], None),
         "npr_binary": ([I, P, P, P, I, P, P, P], None),
         "npr_copy": ([P, P, I, P, P, P, L], None),
+        "npr_take": ([P, P, P, L, L, L, L], I),
         "npr_unary": ([I, P, P, L], None),
         # resize.c: one axis of an interpolating resize (ops/vision.py)
         "npr_resize_axis": ([P, P, L, L, L, L, P, P, I], None),

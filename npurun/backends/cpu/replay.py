@@ -22,12 +22,12 @@ them:
    control flow included: its kernel runs again at replay and its outputs are copied into the
    recorded buffers, which later calls read).
 3. **Checking.** What a step does outside its recorded calls (NumPy arithmetic, a copy, a
-   scale read from the data) is not replayed. So the recording is checked: with the float
-   inputs perturbed (fresh random values around the recorded ones), a normal run and a replay
-   must give every value of the program bit for bit. The first step whose values differ runs
-   as Python from then on and the check is repeated; twice, with two perturbations. Inputs of
-   other dtypes (ids, lengths, a sample rate) are not perturbed: a replay requires them equal
-   to the recorded ones (otherwise the run is a normal one).
+   scale read from the data) is not replayed. So the recording is checked: with the inputs
+   perturbed (float values with noise around them; ids and other whole numbers shuffled), a
+   normal run and a replay must give every value of the program bit for bit. The first step
+   whose values differ runs as Python from then on and the check is repeated; twice, with two
+   perturbations. An input no shuffle changes (a sample rate, a mask of ones, not float) is
+   required equal to the recorded one instead (otherwise the run is a normal one).
 4. **Replay.** Inputs copied into the recorded buffers, the C segments each one
    `_addr.replay` (the GIL let go once), Python steps in between, outputs copied out (a
    caller may keep or write what it gets).
@@ -111,7 +111,7 @@ class Replays:
         try:
             rec = s.recording
             if rec is not None:
-                if rec.plan is not program._plan_steps():
+                if rec.outer is not program._plan_steps():
                     s.recording, s.never = None, "the program's steps were replaced"
                     return None
                 out = rec.run(feeds, progress, attention)
@@ -168,9 +168,11 @@ class Recording:
     """One signature's run as recorded: `env` every value's buffer, `kinds` a class per step
     ("c", "view", "py"), `calls` each step's bound records."""
 
-    def __init__(self, program, plan, env, calls, kinds, exact, taken, times):
+    def __init__(self, program, outer, plan, done, env, calls, kinds, exact, taken, times):
         self.program = program
-        self.plan = plan
+        self.outer = outer  # the program's plan when recorded (a replaced one: not replayed)
+        self.plan = plan  # the run as a flat trace (_walk): `if`s as a guard and their branch's steps
+        self.done = done  # per trace entry: the program's steps done after it
         self.env = env
         env[""] = None  # an omitted optional input reads as None
         self.calls = calls
@@ -183,29 +185,24 @@ class Recording:
         self.outputs = list(program.graph.outputs)
         self.failed = ""
         self.speedup = 1.0  # normal run / replay, as measured when recorded
-        self.diverged = -1  # the `if` step where the last replay stopped, if one did
         self.segments: list = []
         self.blas = False
         self.build()
 
     def build(self):
         """The replay's segments from `kinds`: ("c", records, labels, steps done, label) for a run
-        of C and view steps of about PIECE_SECONDS (as recorded) at most, ("py", plan entry,
-        steps done, label) for a Python step, ("if", condition, branch) before an `if` whose
-        branch's calls are recorded (a replay that would take the other branch stops: a normal
-        run follows)."""
+        of C and view entries of about PIECE_SECONDS (as recorded) at most, ("py", trace entry,
+        steps done, label) for a Python step, ("if", condition, branch, index) for a guard (a
+        replay whose condition picks the other branch stops there: a normal run follows)."""
         segs, blob, where, spent = [], [], [], 0.0
 
         def cut(end):
             nonlocal blob, where, spent
             if blob:
-                segs.append(("c", b"".join(blob), where, end, self.plan[end - 1][7]))
+                segs.append(("c", b"".join(blob), where, self.done[end - 1], self.plan[end - 1][7]))
             blob, where, spent = [], [], 0.0
         for i, (entry, kind) in enumerate(zip(self.plan, self.kinds)):
             if kind == "c":
-                if entry[0] == _IF:
-                    cut(i)
-                    segs.append(("if", entry[2][0], _truth(self.env[entry[2][0]]), i))
                 blob += self.calls[i]
                 where += [entry[7]] * len(self.calls[i])
                 spent += self.times[i]
@@ -213,7 +210,10 @@ class Recording:
                     cut(i + 1)
             elif kind == "py":
                 cut(i)
-                segs.append(("py", entry, i + 1, entry[7]))
+                segs.append(("py", entry, self.done[i], entry[7]))
+            elif kind == "guard":
+                cut(i)
+                segs.append(("if", entry[2][0], entry[6], i))
             else:
                 spent += self.times[i]
         cut(len(self.plan))
@@ -221,10 +221,11 @@ class Recording:
         self.blas = "py" in self.kinds
 
     def summary(self) -> str:
-        n = {k: self.kinds.count(k) for k in ("c", "view", "py")}
+        n = {k: self.kinds.count(k) for k in ("c", "view", "const", "py", "guard")}
         calls = sum(len(self.calls[i]) for i, k in enumerate(self.kinds) if k == "c")
-        return (f"{len(self.kinds)} steps: {n['c']} as {calls} C calls, {n['view']} views, "
-                f"{n['py']} in Python; {len(self.segments)} segments; {self.speedup:.1f}x a normal run")
+        return (f"{len(self.kinds)} steps: {n['c']} as {calls} C calls, {n['view']} views, {n['const']} "
+                f"fixed, {n['py']} in Python, {n['guard']} branches; {len(self.segments)} segments; "
+                f"{self.speedup:.1f}x a normal run")
 
     def run(self, feeds: dict, progress=None, attention=None):
         """Replay with `feeds` (checked by the program): the outputs, or None for a normal run
@@ -273,7 +274,7 @@ class Recording:
     def _segments(self, progress, attention):
         env = self.env
         get = env.__getitem__
-        total = len(self.plan)
+        total = len(self.outer)
         for seg in self.segments:
             tag = seg[0]
             if tag == "c":
@@ -282,7 +283,6 @@ class Recording:
                     raise NpurunError(f"{seg[2][bad]}: its kernel returned {rc}")
             elif tag == "if":
                 if _truth(env[seg[1]]) != seg[2]:
-                    self.diverged = seg[3]
                     raise _Diverged
                 continue
             else:
@@ -295,25 +295,98 @@ class Recording:
 
     def _python(self, entry):
         env = self.env
-        kind, fn, ins, outs, attrs, dead, subs, label = entry
-        if kind == _CALL:
-            res = fn(*map(env.__getitem__, ins), **attrs)
-        elif kind == _IF:
-            res = tuple(subs["then_branch" if _truth(env[ins[0]]) else "else_branch"].call([], env, None, None))
-        elif kind == _REGIONS:
-            regions = {k: (lambda xs, p=p: p.call(xs, env, None, None)) for k, p in subs.items()}
-            res = fn(*map(env.__getitem__, ins), **attrs, _regions=regions)
-        else:  # _ALIAS
-            res = env[ins[0]]
-        if not isinstance(res, tuple):
-            res = (res,)
-        for nm, arr in zip(outs, res):
+        for nm, arr in zip(entry[3], _results(entry, env)):
             if nm:
                 buf = env[nm]
                 if type(buf) is np.ndarray:  # (later calls may read its address)
                     np.copyto(buf, arr, casting="no")
                 else:
                     env[nm] = arr
+
+
+def _results(entry, env) -> tuple:
+    """What one plan entry's kernel gives on the values of `env` (as Program._execute runs it)."""
+    kind, fn, ins, outs, attrs, dead, subs, label = entry
+    if kind == _CALL:
+        res = fn(*map(env.__getitem__, ins), **attrs)
+    elif kind == _IF:
+        res = tuple(subs["then_branch" if _truth(env[ins[0]]) else "else_branch"].call([], env, None, None))
+    elif kind == _REGIONS:
+        regions = {k: (lambda xs, p=p: p.call(xs, env, None, None)) for k, p in subs.items()}
+        res = fn(*map(env.__getitem__, ins), **attrs, _regions=regions)
+    else:  # _ALIAS
+        res = env[ins[0]]
+    return res if isinstance(res, tuple) else (res,)
+
+
+_GUARD = -1  # a trace entry (_GUARD, None, (condition,), (), {}, (), branch taken, label)
+
+
+def _walk(program, feeds: dict, mark) -> tuple:
+    """(env, trace, done): a normal run of `program` (every value kept) as a flat trace. Each
+    `if` whose chosen branch brings only new names becomes a guard on its condition, then the
+    branch's own entries (recursively), then aliases from the branch's outputs to the if's: the
+    branch's steps are recorded one by one, not as one Python step. `mark()` after each entry
+    (a recording's boundary between entries). Run inside the program's run mode (_within)."""
+    env = dict(program.consts)
+    env.update(program._check(feeds))
+    env[""] = None
+    trace, done, ops = [], [], []
+    consts = set(program.consts)
+    _walk_plan(program, program._plan_steps(), env, trace, done, ops, consts, mark, None)
+    return env, trace, done, ops, consts
+
+
+def _walk_plan(prog, plan, env, trace, done, ops, consts, mark, at):
+    for j, entry in enumerate(plan):
+        op = prog.steps[j][0].op
+        here = j if at is None else at  # (the program's step this entry belongs to)
+        after = j + 1 if at is None else at
+        kind, fn, ins, outs, attrs, dead, subs, label = entry
+        if kind == _IF:
+            truth = _truth(env[ins[0]])
+            branch = subs["then_branch" if truth else "else_branch"]
+            if _inlinable(branch, outs, env):
+                trace.append((_GUARD, None, ins, (), {}, (), truth, label))
+                done.append(here)
+                ops.append("if")
+                mark()
+                env.update(branch.consts)
+                consts.update(branch.consts)
+                _walk_plan(branch, branch._plan_steps(), env, trace, done, ops, consts, mark, here)
+                for o, bo in zip(outs, branch.graph.outputs):
+                    if o:
+                        env[o] = env[bo]
+                        trace.append((_ALIAS, None, (bo,), (o,), {}, (), None, label))
+                        done.append(after)
+                        ops.append("identity")
+                        mark()
+                continue
+        try:
+            res = _results(entry, env)
+        except NpurunError:
+            raise
+        except Exception as e:  # (named as Program._execute names a kernel's failure)
+            raise NpurunError(f"{prog.graph.source}: {label} failed: {type(e).__name__}: {e}") from e
+        for nm, arr in zip(outs, res):
+            if nm:
+                env[nm] = arr
+        trace.append(entry)
+        done.append(after)
+        ops.append(op)
+        mark()
+
+
+def _inlinable(branch, outs, env) -> bool:
+    """Whether a branch's steps can run in the enclosing run's namespace: no inputs, an output per
+    output of the if, and none of its names already there (a constant copied in from outside, the
+    same array, excepted)."""
+    if branch.graph.inputs or len(branch.graph.outputs) != len(outs):
+        return False
+    for nm, a in branch.consts.items():
+        if nm in env and not (env[nm] is a or (isinstance(a, np.ndarray) and _same(a, env[nm]))):
+            return False
+    return not any(o in env for e in branch._plan_steps() for o in e[3] if o)
 
 
 class _Diverged(Exception):
@@ -333,7 +406,6 @@ def record(program, feeds: dict):
     own = {k: np.array(a, copy=True) for k, a in feeds.items()}
     calls: list = []
     taken: list = []
-    env: dict = {}
     tid = threading.get_ident()
 
     def errcheck(result, func, args):
@@ -343,10 +415,9 @@ def record(program, feeds: dict):
 
     times: list = []
 
-    def mark(i, total, label):
-        if i is not None:  # (a region's steps report None: they are inside their node's step)
-            calls.append(i)
-            times.append(time.perf_counter())
+    def mark():
+        calls.append(len(times))  # (an int: a boundary between entries in the calls' order)
+        times.append(time.perf_counter())
 
     # (not the calls that only ask a constant, such as a kernel's tile rows: they take no arguments)
     fns = [f for f in (getattr(native.LIB, nm) for nm in native.entry_points() if nm not in _SKIP) if f.argtypes]
@@ -355,7 +426,7 @@ def record(program, feeds: dict):
     _record_calls(taken, calls)
     times.append(time.perf_counter())
     try:
-        program._run(own, mark, None, env)
+        env, trace, done, ops, consts = program._within(lambda: _walk(program, own, mark))
     finally:
         _record_calls(None, None)
         for f in fns:
@@ -364,9 +435,9 @@ def record(program, feeds: dict):
     for k, a in feeds.items():  # a kernel that wrote into its input wrote into the copy: passed on
         if a.flags.writeable and not _same(a, own[k]):  # (such a run is then not replayed: _check)
             np.copyto(a, own[k])
-    plan = program._plan_steps()
     try:
-        rec = _classify(program, plan, own, env, calls, taken, tid, [b - a for a, b in zip(times, times[1:])])
+        rec = _classify(program, trace, done, ops, consts, own, env, calls, taken, tid,
+                        [b - a for a, b in zip(times, times[1:])])
         why = _check(rec, own)
     except _NotReplayable as e:
         return out, None, str(e)
@@ -418,7 +489,10 @@ class _NotReplayable(Exception):
     pass
 
 
-def _classify(program, plan, own, env, calls, taken, tid, times) -> Recording:
+SHAPE_ONLY = {"shape", "size"}  # ops whose output depends only on their input's shape
+
+
+def _classify(program, plan, done, ops, consts, own, env, calls, taken, tid, times) -> Recording:
     per_step: list = [[]]
     for c in calls:
         if isinstance(c, int):
@@ -427,10 +501,21 @@ def _classify(program, plan, own, env, calls, taken, tid, times) -> Recording:
             per_step[-1].append(c)
     per_step = per_step[:len(plan)]
     kinds, recs = [], []
-    for entry, made in zip(plan, per_step):
+    # Values the same in every run of this signature: constants, shapes (fixed by the signature)
+    # and what deterministic steps make of only those (a shape chain: Shape -> Gather -> Equal
+    # -> an if's condition). Their steps are not replayed ("const"): their recorded values
+    # stand. (Nothing computed from an input's values: a replay is never a stored answer.)
+    fixed = set(consts) | {""}
+    for entry, made, op in zip(plan, per_step, ops):
         kind, fn, ins, outs = entry[:4]
-        records = None if kind == _REGIONS else _records(made, tid)
-        if records:
+        records = None if kind in (_REGIONS, _IF, _GUARD) else _records(made, tid)
+        if kind not in (_GUARD, _REGIONS) and "random" not in _groups(op) and (
+                op in SHAPE_ONLY or all(nm in fixed for nm in ins)):
+            fixed.update(nm for nm in outs if nm)
+            kinds.append("const")
+        elif kind == _GUARD:
+            kinds.append("guard")
+        elif records:
             kinds.append("c")
         elif kind == _ALIAS or (records is not None and _views(env, ins, outs)):
             kinds.append("view")
@@ -447,9 +532,15 @@ def _classify(program, plan, own, env, calls, taken, tid, times) -> Recording:
                 size += getattr(base, "nbytes", a.nbytes)
     if size > MAX_BYTES:
         raise _NotReplayable(f"its values take {size >> 20} MB (recorded up to {MAX_BYTES >> 20} MB)")
-    exact = {k: np.array(a, copy=True) for k, a in own.items() if a.dtype.kind not in "fc"}
+    exact = {k: np.array(a, copy=True) for k, a in own.items() if a.dtype.kind not in "fc" and _constant(a)}
     keep = list({id(a): a for a in taken if a is not None}.values())
-    return Recording(program, plan, env, recs, kinds, exact, keep, times)
+    return Recording(program, program._plan_steps(), plan, done, env, recs, kinds, exact, keep, times)
+
+
+def _groups(op: str) -> frozenset:
+    from ...ir.ops import OPS
+    spec = OPS.get(op)
+    return spec.groups if spec is not None else frozenset({"random"})  # (unknown: not assumed pure)
 
 
 def _records(made: list, tid: int) -> list | None:
@@ -496,18 +587,25 @@ def _views(env: dict, ins, outs) -> bool:
 
 def _perturbed(feeds: dict, exact: set, rng) -> dict:
     """Other inputs of the same kinds: float values with noise around them, except values that
-    are all whole numbers (ids or counts in a float tensor: Keras embeddings), which are shuffled
-    (the same values, valid as before); inputs in `exact` and other dtypes as they are."""
+    are all whole numbers (ids or counts in a float tensor: Keras embeddings), which are shuffled,
+    as other dtypes' values are (the same values, valid as before); `exact` inputs (a dtype other
+    than float whose values are all one: a sample rate, a mask of ones) as they are."""
     out = {}
     for k, a in feeds.items():
-        if a.dtype.kind not in "fc" or not a.size or k in exact:
+        if not a.size or k in exact:
             out[k] = a
-        elif np.all(np.isfinite(a)) and np.all(a == np.round(a)) and np.any(a != a.flat[0]):
+        elif a.dtype.kind not in "fc" or (np.all(np.isfinite(a)) and np.all(a == np.round(a)) and not _constant(a)):
             out[k] = rng.permutation(a.reshape(-1)).reshape(a.shape)
         else:
             scale = float(np.std(a.astype(np.float64))) or 1.0
             out[k] = (a + rng.standard_normal(a.shape) * (0.5 * scale)).astype(a.dtype)
     return out
+
+
+def _constant(a) -> bool:
+    """Whether every value of `a` is the same (a shuffle would change nothing)."""
+    flat = a.reshape(-1)
+    return flat.size <= 1 or bool(np.all(flat == flat[0]))
 
 
 def _same(a, b) -> bool:
@@ -535,24 +633,22 @@ def _check(rec: Recording, feeds: dict) -> str:
     for _ in range(CHECKS):
         pert = _perturbed(feeds, rec.exact_names, rng)
         sent = {k: np.array(a, copy=True) for k, a in pert.items()}
-        want: dict = {}
         try:
-            program._run(pert, None, None, want)
+            want, trace = program._within(lambda: _walk(program, pert, lambda: None))[:2]
         except Exception as e:  # noqa: BLE001 -- inputs the model rejects: no recording
             return f"a normal run on perturbed inputs failed ({type(e).__name__}: {str(e)[-120:]})"
+        if [(e[2], e[6]) for e in trace if e[0] == _GUARD] != [(e[2], e[6]) for e in rec.plan if e[0] == _GUARD] \
+                or len(trace) != len(rec.plan):
+            return "an if's branch depends on the data"
         # A kernel that writes into its operands (a cache updated in place) writes, in a
         # replay, into the recorded copies: the caller's arrays would not change.
         if not all(_same(sent[k], pert[k]) for k in sent):
             return "a run writes into its inputs"
         for _ in range(len(rec.plan) + 1):
-            rec.diverged = -1
             if rec.run(pert) is None:
-                if rec.diverged < 0:
-                    return rec.failed or "a replay was refused"
-                bad = rec.diverged  # an `if` whose branch depends on the data: run as Python
-            else:
-                bad = next((i for i, e in enumerate(rec.plan)
-                            if not all(_same(want.get(nm), rec.env.get(nm)) for nm in e[3] if nm)), None)
+                return rec.failed or "a replay was refused"
+            bad = next((i for i, e in enumerate(rec.plan)
+                        if not all(_same(want.get(nm), rec.env.get(nm)) for nm in e[3] if nm)), None)
             if bad is None:
                 break
             if rec.kinds[bad] == "py":

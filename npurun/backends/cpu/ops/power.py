@@ -19,6 +19,13 @@ def make_pow(program):
         e = float(b.reshape(()))
         if not native.broadcasts_to(b.shape, a.shape):
             return REF["pow"](a, b)
+        if native.CALLS.cheap and e in (2.0, 3.0, 0.5, -1.0):  # (the same operations as recorded calls)
+            if e == 0.5 or e == -1.0:
+                return native.unary("sqrt" if e == 0.5 else "reciprocal", a)
+            y = native.binary("mul", a, a)
+            y = y if y is None or e == 2.0 else native.binary("mul", y, a)
+            if y is not None:
+                return y
         if e == 2.0:
             return np.multiply(a, a)
         if e == 3.0:

@@ -28,13 +28,10 @@ PLANES_MIN = vision.BIG  # elements: a smaller mean stays NumPy's (the reference
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-GATHER_COPIES = 256  # indices at most, gathered as one copy each in a replayed program
-
-
 def _gather(x, indices, *, axis):
-    if native.CALLS.cheap and type(x) is np.ndarray and x.ndim and indices.dtype.kind in "iu" \
-            and 0 < indices.size <= GATHER_COPIES:
-        y = _gather_copies(x, indices, axis % x.ndim)
+    if native.CALLS.cheap and type(x) is np.ndarray and type(indices) is np.ndarray and x.ndim \
+            and indices.dtype == np.int64 and not x.dtype.hasobject:
+        y = _take(x, indices, axis % x.ndim)
         if y is not None:
             return y
     # One non-negative index: the reference's np.where(indices < 0, ...) leaves it as is.
@@ -52,20 +49,20 @@ def _gather(x, indices, *, axis):
     return REF["gather"](x, indices, axis=axis)
 
 
-def _gather_copies(x, indices, ax):
-    """take along axis `ax` as one recorded copy per index (native.copy_into), for a replayed
-    program: the indices are part of the recording, which holds only where they are the same
-    every run (replay.py checks that: an input's ids are compared, computed ones perturbed)."""
-    n = x.shape[ax]
-    idx = [int(i) for i in indices.reshape(-1)]
-    if any(i < -n or i >= n for i in idx):
-        return None  # (the reference's error)
+def _take(x, indices, ax):
+    """Gather along axis `ax` by csrc/transpose.c's npr_take, which reads the indices when it
+    runs (in a replayed program: whatever indices this run brings); None for what it does not
+    take (an index out of range: the reference's error)."""
+    x = native.contiguous(x)
+    idx = native.contiguous(indices)
+    n, ln = idx.size, x.shape[ax]
+    outer = int(np.prod(x.shape[:ax], dtype=np.int64))
+    inner = int(np.prod(x.shape[ax + 1:], dtype=np.int64)) * x.itemsize
     y = np.empty(x.shape[:ax] + indices.shape + x.shape[ax + 1:], x.dtype)
-    yv = y.reshape(x.shape[:ax] + (len(idx),) + x.shape[ax + 1:])
-    pre = (slice(None),) * ax
-    for j, i in enumerate(idx):
-        if not native.copy_into(yv[pre + (j,)], x[pre + (i % n,)]):
-            return None
+    if y.size == 0:
+        return y
+    if native.LIB.npr_take(native.ptr(y), native.ptr(x), native.ptr(idx), n, outer, ln, inner):
+        return None
     return y
 
 
