@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not replay.enabled(), reason="replays need the c
 def _kept(monkeypatch):
     """A recording is kept whatever replays measure against normal runs (a timing: tests never
     depend on one); test_a_recording_slower_than_normal_runs_is_dropped checks that decision."""
-    monkeypatch.setattr(replay, "_slower", lambda program, rec, feeds: "")
+    monkeypatch.setattr(replay, "_slower", lambda program, rec, feeds, stop=None: "")
 
 
 def _model(tmp_path, rng, name="m"):
@@ -423,3 +423,26 @@ def test_an_if_on_a_shape_is_recorded_step_by_step_and_one_on_the_data_stays_cor
         x = nonzero_normal(rng, (4, 8)) + np.float32(shift)
         np.testing.assert_allclose(prog.run({"x": x})["y"], ref.run_sync(g, {"x": x})["y"], rtol=1e-6, atol=1e-6)
     assert "guard" in _recording(prog).recording.kinds  # recorded on the then-branch, guarded
+
+
+def test_a_flag_raised_during_a_recording_stops_it_until_a_quiet_run(tmp_path, rng):
+    prog = _relu_program(tmp_path, rng)
+    attention, raise_it = [False], [False]
+
+    def raising(fn):
+        def run(x, **a):
+            attention[0] = attention[0] or raise_it[0]
+            return fn(x, **a)
+        return run
+    _wrap_first(prog, raising)
+    quiet = {"progress": lambda i, n, label: None, "attention": attention}
+    for _ in range(replay.WARM + 1):
+        prog.run({"x": nonzero_normal(rng, (64, 128))}, **quiet)
+    raise_it[0] = True  # a better task arrives during the recording's run
+    x = nonzero_normal(rng, (64, 128))
+    np.testing.assert_allclose(prog.run({"x": x}, **quiet)["y"], _sigmoid(np.maximum(x, 0)), rtol=1e-5, atol=1e-6)
+    s = _recording(prog)
+    assert s.recording is None and s.never == ""  # stopped, to be tried again
+    raise_it[0], attention[0] = False, False
+    prog.run({"x": nonzero_normal(rng, (64, 128))}, **quiet)
+    assert _recording(prog).recording is not None

@@ -9,34 +9,39 @@ graphs do for GPU launches, a program whose run is short records one run's calls
 them:
 
 1. **Warm-up.** A signature (input names, dtypes, shapes) runs normally WARM times, so every
-   per-shape choice has been made (convtune's measurements, plans, packed weights); if its
-   fastest run took over MAX_SECONDS it is never recorded (a replay has no boundary where the
-   scheduler could switch tasks, docs/scheduler.md: long programs keep theirs, and their
-   Python is a small part of them anyway).
-2. **Recording.** One normal run on private copies of the inputs, with no value let go, while
-   the library's entry points note every call: a ctypes call through `errcheck` (set on each
-   of native.LIB's functions for the run), a bound call (csrc/py/addr.c) by the module itself,
-   which also keeps every array whose address is taken (`addr`), so the addresses in the calls
-   stay valid. Each step is then: **C** (it made calls: they become bound records), a **view**
-   (no calls, outputs inside its inputs' memory: a reshape), or **Python** (anything else,
-   control flow included: its kernel runs again at replay and its outputs are copied into the
-   recorded buffers, which later calls read).
+   per-shape choice has been made (convtune's measurements, plans, packed weights), then once
+   with the kernels a replay takes (native.CALLS), their own first-call work not recorded. A
+   signature whose fastest run took over MAX_SECONDS, or whose values exceed MAX_BYTES, is
+   never recorded.
+2. **Recording.** One run on private copies of the inputs, as a flat trace (`_walk`: an `if`
+   whose branch brings only new names becomes a guard, the branch's steps and aliases), with
+   no value let go, while the library's entry points note every call: a ctypes call through
+   `errcheck` (set on each of native.LIB's functions for the run), a bound call
+   (csrc/py/addr.c) by the module itself, which also keeps every array whose address is taken
+   (`addr`), so the addresses in the calls stay valid. Each entry is then **c** (it made calls:
+   they become bound records), a **view** (no calls, outputs inside its inputs' memory),
+   **const** (deterministic, on constants and shapes alone), a **guard**, or **py** (anything
+   else: its kernel runs again at replay and its outputs are copied into the recorded buffers,
+   which later calls read).
 3. **Checking.** What a step does outside its recorded calls (NumPy arithmetic, a copy, a
    scale read from the data) is not replayed. So the recording is checked: with the inputs
    perturbed (float values with noise around them; ids and other whole numbers shuffled), a
    normal run and a replay must give every value of the program bit for bit. The first step
    whose values differ runs as Python from then on and the check is repeated; twice, with two
    perturbations. An input no shuffle changes (a sample rate, a mask of ones, not float) is
-   required equal to the recorded one instead (otherwise the run is a normal one).
-4. **Replay.** Inputs copied into the recorded buffers, the C segments each one
-   `_addr.replay` (the GIL let go once), Python steps in between, outputs copied out (a
-   caller may keep or write what it gets).
+   required equal to the recorded one instead (otherwise the run is a normal one). Runs that
+   write into their inputs or constants are not recorded.
+4. **Kept if faster** (`_slower`): alternating normal runs and replays, medians.
+5. **Replay.** Inputs copied into the recorded buffers, the C segments each one
+   `_addr.replay` (the GIL let go once), Python steps and guards in between, the scheduler's
+   boundary between segments where its attention flag is up, outputs copied out (a caller may
+   keep or write what it gets).
 
-A recording holds every value of the run at once (no buffer reused), so it is made only for
-runs whose values fit in MAX_BYTES. Runs with a progress callback (a profile, a scheduler
-boundary that must decide) and programs whose steps were wrapped (profiling, calibration) run
-normally; NPURUN_REPLAY=0 turns replays off. Two threads running one program at once: one
-replays, the other runs normally (the recorded buffers are one set).
+A recording holds every value of the run at once (no buffer reused). Runs with a progress
+callback (a profile, a scheduler boundary that must decide at every step) and programs whose
+steps were wrapped (profiling, calibration) run normally; NPURUN_REPLAY=0 turns replays off.
+Two threads running one program at once: one replays, the other runs normally (the recorded
+buffers are one set).
 """
 from __future__ import annotations
 
@@ -137,14 +142,19 @@ class Replays:
                     return program._run(feeds, progress, attention)
                 finally:
                     program._cheap = cheap
-            if not _RECORDING.acquire(blocking=False):
+            if (attention is not None and attention[0]) or not _RECORDING.acquire(blocking=False):
                 return None
+            # A recording and its checks run a few normal runs and replays with no boundary: a
+            # better task arriving meanwhile (the scheduler's flag) ends it, to be tried again.
+            stop = (lambda: False) if attention is None else (lambda: attention[0])
             program._cheap = True  # (the recording and its checks pick the kernels replays will run)
             try:
-                out, s.recording, s.never = record(program, feeds)
+                out, s.recording, s.never = record(program, feeds, stop)
                 if s.recording is not None:
-                    s.never = _slower(program, s.recording, feeds)
+                    s.never = _slower(program, s.recording, feeds, stop)
                     s.recording = None if s.never else s.recording
+                if s.never == _STOPPED:
+                    s.never = ""
             finally:
                 _RECORDING.release()
                 program._cheap = any(x.recording is not None for x in self.signatures.values())
@@ -185,6 +195,8 @@ class Recording:
         self.outputs = list(program.graph.outputs)
         self.failed = ""
         self.speedup = 1.0  # normal run / replay, as measured when recorded
+        self.whole: frozenset = frozenset()  # labels of the ifs recorded as one step
+        self.data_if = ""  # an if the check found taking another branch
         self.segments: list = []
         self.blas = False
         self.build()
@@ -322,22 +334,23 @@ def _results(entry, env) -> tuple:
 _GUARD = -1  # a trace entry (_GUARD, None, (condition,), (), {}, (), branch taken, label)
 
 
-def _walk(program, feeds: dict, mark) -> tuple:
+def _walk(program, feeds: dict, mark, whole: frozenset = frozenset()) -> tuple:
     """(env, trace, done): a normal run of `program` (every value kept) as a flat trace. Each
     `if` whose chosen branch brings only new names becomes a guard on its condition, then the
     branch's own entries (recursively), then aliases from the branch's outputs to the if's: the
     branch's steps are recorded one by one, not as one Python step. `mark()` after each entry
-    (a recording's boundary between entries). Run inside the program's run mode (_within)."""
+    (a recording's boundary between entries); the ifs labelled in `whole` stay one step. Run
+    inside the program's run mode (_within)."""
     env = dict(program.consts)
     env.update(program._check(feeds))
     env[""] = None
     trace, done, ops = [], [], []
     consts = set(program.consts)
-    _walk_plan(program, program._plan_steps(), env, trace, done, ops, consts, mark, None)
+    _walk_plan(program, program._plan_steps(), env, trace, done, ops, consts, mark, None, whole)
     return env, trace, done, ops, consts
 
 
-def _walk_plan(prog, plan, env, trace, done, ops, consts, mark, at):
+def _walk_plan(prog, plan, env, trace, done, ops, consts, mark, at, whole):
     for j, entry in enumerate(plan):
         op = prog.steps[j][0].op
         here = j if at is None else at  # (the program's step this entry belongs to)
@@ -346,14 +359,14 @@ def _walk_plan(prog, plan, env, trace, done, ops, consts, mark, at):
         if kind == _IF:
             truth = _truth(env[ins[0]])
             branch = subs["then_branch" if truth else "else_branch"]
-            if _inlinable(branch, outs, env):
+            if label not in whole and _inlinable(branch, outs, env):
                 trace.append((_GUARD, None, ins, (), {}, (), truth, label))
                 done.append(here)
                 ops.append("if")
                 mark()
                 env.update(branch.consts)
                 consts.update(branch.consts)
-                _walk_plan(branch, branch._plan_steps(), env, trace, done, ops, consts, mark, here)
+                _walk_plan(branch, branch._plan_steps(), env, trace, done, ops, consts, mark, here, whole)
                 for o, bo in zip(outs, branch.graph.outputs):
                     if o:
                         env[o] = env[bo]
@@ -401,8 +414,23 @@ def _truth(c) -> bool:
     return bool(np.asarray(c).reshape(-1)[0])
 
 
-def record(program, feeds: dict):
-    """(outputs of a normal run, Recording or None, why not): the recording of this run, checked."""
+_STOPPED = "stopped for a better task"
+
+
+def record(program, feeds: dict, stop=lambda: False):
+    """(outputs of a normal run, Recording or None, why not): the recording of this run, checked.
+    An `if` whose branch the check finds depending on the data is recorded again as one Python
+    step (its branch then runs normally at replay, whichever it is)."""
+    whole: set = set()
+    while True:
+        out, rec, why = _record(program, feeds, frozenset(whole), stop)
+        label = rec.data_if if rec is not None and why else ""
+        if not label or label in whole or len(whole) >= 4:
+            return out, (None if why else rec), why
+        whole.add(label)
+
+
+def _record(program, feeds: dict, whole: frozenset, stop):
     own = {k: np.array(a, copy=True) for k, a in feeds.items()}
     calls: list = []
     taken: list = []
@@ -426,7 +454,7 @@ def record(program, feeds: dict):
     _record_calls(taken, calls)
     times.append(time.perf_counter())
     try:
-        env, trace, done, ops, consts = program._within(lambda: _walk(program, own, mark))
+        env, trace, done, ops, consts = program._within(lambda: _walk(program, own, mark, whole))
     finally:
         _record_calls(None, None)
         for f in fns:
@@ -438,25 +466,28 @@ def record(program, feeds: dict):
     try:
         rec = _classify(program, trace, done, ops, consts, own, env, calls, taken, tid,
                         [b - a for a, b in zip(times, times[1:])])
-        why = _check(rec, own)
+        rec.whole = whole
+        why = _check(rec, own, stop)
     except _NotReplayable as e:
         return out, None, str(e)
     except Exception as e:  # noqa: BLE001 -- this run's outputs stand; the program just runs normally
         return out, None, f"recording failed ({type(e).__name__}: {e})"
-    return out, (None if why else rec), why
+    return out, rec, why
 
 
 TIMINGS = 3  # rounds of a normal run and a replay, alternating, before a recording is kept
 KEEP = 0.95  # ... if its replays' median is below this share of the normal runs' (a gain beyond noise)
 
 
-def _slower(program, rec, feeds) -> str:
+def _slower(program, rec, feeds, stop=lambda: False) -> str:
     """'' if replays of `rec` take less than KEEP of normal runs' time (medians of TIMINGS rounds,
     alternating, on the recorded inputs); else why the recording is dropped. A replay whose
     steps are mostly Python (a data-dependent branch holding the model) is no faster, and the
     library's calls that replace NumPy's small-size paths there cost what they save."""
     normal, replayed = [], []
     for _ in range(TIMINGS):
+        if stop():
+            return _STOPPED
         program._cheap = False
         t0 = time.perf_counter()
         program._run(feeds, None, None)
@@ -620,7 +651,7 @@ def _same_seq(a, b) -> bool:
     return a == b
 
 
-def _check(rec: Recording, feeds: dict) -> str:
+def _check(rec: Recording, feeds: dict, stop=lambda: False) -> str:
     """'' if `rec` replays bit for bit what normal runs give on perturbed inputs (steps that
     do not are made Python steps on the way); else why not."""
     if not rec.inputs and not rec.exact:
@@ -631,15 +662,21 @@ def _check(rec: Recording, feeds: dict) -> str:
     if consts is None:
         return f"its constants are over {MAX_CONST_BYTES >> 20} MB (not checked for writes)"
     for _ in range(CHECKS):
+        if stop():
+            return _STOPPED
         pert = _perturbed(feeds, rec.exact_names, rng)
         sent = {k: np.array(a, copy=True) for k, a in pert.items()}
         try:
-            want, trace = program._within(lambda: _walk(program, pert, lambda: None))[:2]
+            want, trace = program._within(lambda: _walk(program, pert, lambda: None, rec.whole))[:2]
         except Exception as e:  # noqa: BLE001 -- inputs the model rejects: no recording
             return f"a normal run on perturbed inputs failed ({type(e).__name__}: {str(e)[-120:]})"
-        if [(e[2], e[6]) for e in trace if e[0] == _GUARD] != [(e[2], e[6]) for e in rec.plan if e[0] == _GUARD] \
-                or len(trace) != len(rec.plan):
-            return "an if's branch depends on the data"
+        got = [e for e in trace if e[0] == _GUARD]
+        for a, b in zip(got, [e for e in rec.plan if e[0] == _GUARD]):
+            if a[2] != b[2] or a[6] != b[6]:
+                rec.data_if = b[7]
+                return f"{b[7]}: its branch depends on the data"
+        if len(trace) != len(rec.plan):
+            return "the run's steps depend on the data"
         # A kernel that writes into its operands (a cache updated in place) writes, in a
         # replay, into the recorded copies: the caller's arrays would not change.
         if not all(_same(sent[k], pert[k]) for k in sent):
