@@ -139,7 +139,9 @@ def test_silero_vad_stream(device, rng):
         _close(p_ours, p_ort)
         _close(s_ours, s_ort)
         probs.append(float(p_ort.reshape(-1)[0]))
-    assert max(probs) - min(probs) > 0.01  # the state really carried information
+    # the state really carried information (ORT's own range over 40 noise seeds: 0.006-0.034;
+    # 0.01 failed one seed in ~14, npurun's outputs matching ORT's all along)
+    assert max(probs) - min(probs) > 0.003
 
 
 @pytest.mark.parametrize("name, feeds", [
