@@ -446,3 +446,17 @@ def test_a_flag_raised_during_a_recording_stops_it_until_a_quiet_run(tmp_path, r
     raise_it[0], attention[0] = False, False
     prog.run({"x": nonzero_normal(rng, (64, 128))}, **quiet)
     assert _recording(prog).recording is not None
+
+
+def test_sequence_outputs_stay_sequences(tmp_path, rng):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 4])
+    seq = helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("SplitToSequence", ["r"], ["parts"], axis=0)]
+    onnx.save(helper.make_model(helper.make_graph(nodes, "s", [x], [seq]), opset_imports=[helper.make_opsetid("", 17)]),
+              tmp_path / "s.onnx")
+    prog = npurun.Executor("cpu", parallelism=1).compile(npurun.load(tmp_path / "s.onnx"))
+    for _ in range(replay.WARM + 4):
+        x = nonzero_normal(rng, (6, 4))
+        parts = prog.run({"x": x})["parts"]
+        assert isinstance(parts, list) and len(parts) == 6
+        np.testing.assert_array_equal(np.concatenate(parts), np.maximum(x, 0))

@@ -257,7 +257,7 @@ class Recording:
                 self.failed = f"a replay failed ({self.segments[0][2][bad]}: its kernel returned {rc})"
                 return None
             env = self.env
-            return {nm: np.array(env[nm], copy=True) for nm in self.outputs}
+            return {nm: _copy_out(env[nm]) for nm in self.outputs}
         segments = lambda: self._segments(progress, attention)  # noqa: E731
         run = segments if not self.blas else (lambda: blas.with_threads(1, segments))
         cheap = native.CALLS.cheap
@@ -281,7 +281,7 @@ class Recording:
         finally:
             native.CALLS.cheap = cheap
         env = self.env
-        return {nm: np.array(env[nm], copy=True) for nm in self.outputs}
+        return {nm: _copy_out(env[nm]) for nm in self.outputs}
 
     def _segments(self, progress, attention):
         env = self.env
@@ -410,6 +410,16 @@ class _Boundary(Exception):
     """What the scheduler's boundary raised (a timeout, a cancellation), carried out unchanged."""
 
 
+def _copy_out(v):
+    """An output as a caller gets it, a copy where it is an array (the recorded buffers are
+    written again by the next replay); a sequence's arrays copied, anything else as it is."""
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_copy_out(a) for a in v)
+    return v
+
+
 def _truth(c) -> bool:
     return bool(np.asarray(c).reshape(-1)[0])
 
@@ -459,7 +469,7 @@ def _record(program, feeds: dict, whole: frozenset, stop):
         _record_calls(None, None)
         for f in fns:
             del f.errcheck
-    out = {nm: np.array(env[nm], copy=True) for nm in program.graph.outputs}
+    out = {nm: _copy_out(env[nm]) for nm in program.graph.outputs}
     for k, a in feeds.items():  # a kernel that wrote into its input wrote into the copy: passed on
         if a.flags.writeable and not _same(a, own[k]):  # (such a run is then not replayed: _check)
             np.copyto(a, own[k])
