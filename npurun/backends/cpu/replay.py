@@ -285,7 +285,6 @@ class Recording:
 
     def _segments(self, progress, attention):
         env = self.env
-        get = env.__getitem__
         total = len(self.outer)
         for seg in self.segments:
             tag = seg[0]
