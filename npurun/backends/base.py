@@ -186,14 +186,12 @@ class Program:
         return Program(region, self.kernels, self.backend)
 
     def run(self, feeds: dict[str, np.ndarray], progress: Progress | None = None,
-            attention: list | None = None, keep: dict | None = None) -> dict[str, np.ndarray]:
+            attention: list | None = None) -> dict[str, np.ndarray]:
         """`progress` is called after each step; with `attention` (a one-element list, the
-        scheduler's flag) only at the steps where attention[0] is set. With `keep` (a dict),
-        no value is let go during the run and `keep` gets every one (a recording, or a check
-        of one: cpu/replay.py)."""
+        scheduler's flag) only at the steps where attention[0] is set."""
         env = dict(self.consts)
         env.update(self._check(feeds))
-        self._execute(env, progress, attention, keep)
+        self._execute(env, progress, attention)
         for nm in self._const_outputs:  # (folded away: a fresh array per run all the same)
             env[nm] = np.array(env[nm], copy=True)
         return {nm: env[nm] for nm in self.graph.outputs}
@@ -249,10 +247,8 @@ class Program:
         self._plan, self._plan_src = plan, tuple(steps)
         return plan
 
-    def _execute(self, env: dict, progress: Progress | None, attention: list | None = None,
-                 keep: dict | None = None) -> None:
+    def _execute(self, env: dict, progress: Progress | None, attention: list | None = None) -> None:
         plan = self._plan_steps()
-        release = keep is None
         total = len(plan)
         env[""] = None  # an omitted optional input reads as None
         get = env.__getitem__
@@ -292,14 +288,11 @@ class Program:
                         env[nm] = arr
                 elif outs:
                     env[outs[0]] = res
-            if release:
-                for nm in dead:
-                    env.pop(nm, None)
+            for nm in dead:
+                env.pop(nm, None)
             if progress and (attention is None or attention[0]):
                 progress(i, total, label)
         del env[""]
-        if keep is not None:
-            keep.update(env)
 
 
 _CALL, _ALIAS, _IF, _REGIONS = range(4)

@@ -182,19 +182,18 @@ class CpuProgram(Program):
             native.LIB.npr_activation(native.ptr(x), native.ptr(y), x.size, code, alpha, beta)
         return y
 
-    def run(self, feeds, progress=None, attention=None, keep=None):
+    def run(self, feeds, progress=None, attention=None):
         # A short run is replayed from a recording of its kernel calls (replay.py); one with a
         # progress callback only where the scheduler's attention flag says no boundary is due.
-        if self._replays is not None and keep is None and (
-                progress is None or (attention is not None and not attention[0])):
+        if self._replays is not None and (progress is None or (attention is not None and not attention[0])):
             out = self._replays.run(feeds, progress, attention)
             if out is not None:
                 return out
-        return self._run(feeds, progress, attention, keep)
+        return self._run(feeds, progress, attention)
 
-    def _run(self, feeds, progress=None, attention=None, keep=None):
+    def _run(self, feeds, progress=None, attention=None):
         """A normal run: the step list in Python (Program.run), in the program's run mode (_within)."""
-        return self._within(lambda: super(CpuProgram, self).run(feeds, progress, attention, keep))
+        return self._within(lambda: super(CpuProgram, self).run(feeds, progress, attention))
 
     def _within(self, fn):
         """fn() with BLAS held and subnormals flushed; in a program that is replayed, with the

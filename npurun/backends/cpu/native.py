@@ -325,6 +325,31 @@ def contiguous(x: np.ndarray, threads: int = 1) -> np.ndarray:
     return np.ascontiguousarray(untranspose(x, threads))
 
 
+def _strided_dims(shape: tuple, arrays, unit: int):
+    """[size, each array's stride in `unit` bytes] per axis of `shape` longer than 1, outermost
+    first, the arrays broadcast to `shape` (stride 0 along a broadcast axis), neighbouring axes
+    merged where every array runs on contiguously across them; None where a stride is not
+    whole units or more than 16 axes remain (csrc's strided loops take 16)."""
+    nd = len(shape)
+    dims: list = []
+    for k, n in enumerate(shape):
+        if n == 1:
+            continue
+        st = []
+        for x in arrays:
+            j = k - (nd - x.ndim)
+            s = 0 if j < 0 or x.shape[j] == 1 else x.strides[j]
+            if s % unit:
+                return None
+            st.append(s // unit)
+        if dims and all(p == q * n for p, q in zip(dims[-1][1:], st)):
+            dims[-1] = [dims[-1][0] * n, *st]  # (merged with the axis before)
+        else:
+            dims.append([n, *st])
+    dims = dims or [[1] + [0] * len(arrays)]
+    return dims if len(dims) <= 16 else None
+
+
 def copy_into(y: np.ndarray, x) -> bool:
     """y[...] = x (x broadcast to y's shape, of y's dtype) by one call of csrc/transpose.c's
     npr_copy, axes merged where both run on contiguously; False (nothing done) where that call
@@ -334,25 +359,11 @@ def copy_into(y: np.ndarray, x) -> bool:
         return False
     if y.size == 0:
         return True
-    nd, item = y.ndim, y.itemsize
-    dims = []  # (size, y's stride, x's stride) in bytes per axis of size > 1, outermost first
-    for k in range(nd):
-        n = y.shape[k]
-        if n == 1:
-            continue
-        j = k - (nd - x.ndim)
-        sx = 0 if j < 0 or x.shape[j] == 1 else x.strides[j]
-        sy = y.strides[k]
-        if dims and dims[-1][1] == sy * n and dims[-1][2] == sx * n:
-            dims[-1] = (dims[-1][0] * n, sy, sx)
-        else:
-            dims.append((n, sy, sx))
-    if not dims:
-        dims = [(1, item, item)]
-    if len(dims) > 16:
+    dims = _strided_dims(y.shape, (y, x), 1)  # (strides in bytes)
+    if dims is None:
         return False
     d = np.array(dims, np.int64).T.copy()
-    LIB.npr_copy(ptr(y), ptr(x), len(dims), ptr(d[0]), ptr(d[1]), ptr(d[2]), item)
+    LIB.npr_copy(ptr(y), ptr(x), len(dims), ptr(d[0]), ptr(d[1]), ptr(d[2]), y.itemsize)
     return True
 
 
@@ -367,26 +378,8 @@ def binary(op: str, a: np.ndarray, b: np.ndarray):
     y = np.empty(shape, np.float32)
     if y.size == 0:
         return y
-    nd = len(shape)
-    dims = []  # (size, a's stride, b's stride) per axis of size > 1, outermost first
-    for k in range(nd):
-        n = shape[k]
-        if n == 1:
-            continue
-        st = []
-        for x in (a, b):
-            j = k - (nd - x.ndim)
-            s = 0 if j < 0 or x.shape[j] == 1 else x.strides[j]
-            if s % 4:
-                return None
-            st.append(s // 4)
-        if dims and dims[-1][1] == st[0] * n and dims[-1][2] == st[1] * n:
-            dims[-1] = (dims[-1][0] * n, st[0], st[1])  # (merged with the axis before)
-        else:
-            dims.append((n, st[0], st[1]))
-    if not dims:
-        dims = [(1, 0, 0)]
-    if len(dims) > 16:
+    dims = _strided_dims(shape, (a, b), 4)  # (strides in floats)
+    if dims is None:
         return None
     d = np.array(dims, np.int64).T.copy()
     LIB.npr_binary(BINARY[op], ptr(a), ptr(b), ptr(y), len(dims), ptr(d[0]), ptr(d[1]), ptr(d[2]))

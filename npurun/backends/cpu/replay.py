@@ -162,17 +162,6 @@ class Replays:
         finally:
             self.lock.release()
 
-    def describe(self) -> list[str]:
-        """A line per signature: replayed (how), or why not."""
-        lines = []
-        for sig, s in self.signatures.items():
-            shapes = ", ".join(f"{k} {a}{list(b)}" for k, a, b in sig)
-            if s.recording is not None:
-                lines.append(f"{shapes}: replayed ({s.recording.summary()})")
-            else:
-                lines.append(f"{shapes}: {s.never or 'warming up'}")
-        return lines
-
 
 class Recording:
     """One signature's run as recorded: `env` every value's buffer, `kinds` a class per step
@@ -191,7 +180,6 @@ class Recording:
         self.times = times  # each step's time in the recording run
         self.inputs = [(nm, env[nm]) for nm in program.graph.inputs if nm not in exact]
         self.exact = [(nm, exact[nm]) for nm in program.graph.inputs if nm in exact]
-        self.exact_names = set(exact)
         self.outputs = list(program.graph.outputs)
         self.failed = ""
         self.speedup = 1.0  # normal run / replay, as measured when recorded
@@ -673,7 +661,7 @@ def _check(rec: Recording, feeds: dict, stop=lambda: False) -> str:
     for _ in range(CHECKS):
         if stop():
             return _STOPPED
-        pert = _perturbed(feeds, rec.exact_names, rng)
+        pert = _perturbed(feeds, {nm for nm, _ in rec.exact}, rng)
         sent = {k: np.array(a, copy=True) for k, a in pert.items()}
         try:
             want, trace = program._within(lambda: _walk(program, pert, lambda: None, rec.whole))[:2]

@@ -10,16 +10,18 @@ from ...reference.kernels import KERNELS as REF
 from .. import native
 
 
+def _dense(x):
+    """x, made contiguous by a recorded copy in a replayed program (NumPy's reshape copies a
+    view it cannot reshape in place)."""
+    return native.contiguous(x) if native.CALLS.cheap and type(x) is np.ndarray else x
+
+
 def _reshape(x, shape, *, allowzero):
-    if native.CALLS.cheap and type(x) is np.ndarray and not x.flags.c_contiguous:
-        x = native.contiguous(x)
-    return REF["reshape"](x, shape, allowzero=allowzero)
+    return REF["reshape"](_dense(x), shape, allowzero=allowzero)
 
 
 def _flatten(x, *, axis):
-    if native.CALLS.cheap and type(x) is np.ndarray and not x.flags.c_contiguous:
-        x = native.contiguous(x)
-    return REF["flatten"](x, axis=axis)
+    return REF["flatten"](_dense(x), axis=axis)
 
 
 def _expand(x, shape):
