@@ -29,8 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from npurun.backends.npusim.calibrate import (PARAMS, PREC, apply_params, decompose, fit,  # noqa: E402
-                                              fit_roofline, load_rows, params_of, predict)
+from npurun.backends.npusim.calibrate import (PARAMS, PREC, apply_params, decompose, default_params,  # noqa: E402
+                                              dram_share_cap, fit, fit_roofline, load_rows, predict)
 from npurun.backends.npusim.data import AIHUB, AIHUB_LLM, data_path  # noqa: E402
 from npurun.backends.npusim.view import npusim_view  # noqa: E402
 from npurun.devices import load_device  # noqa: E402
@@ -100,17 +100,20 @@ def main(argv=None) -> int:
     data = collect(dev)
     groups = sorted({g for _, _, g, *_ in data})
     print(f"{len(data)} rows of {len(groups)} architectures; decomposed in {time.perf_counter() - t0:.1f} s")
-    start = params_of(dev)
+    start, cap = default_params(dev), dram_share_cap(dev)
     pred, base = {}, {}
-    for a in groups:
+    for k, a in enumerate(groups, 1):  # ~10 s each: progress on stderr
+        print(f"\rfitting without {a[:40]:40s} ({k}/{len(groups)}, {time.perf_counter() - t0:.0f} s)", end="",
+              file=sys.stderr, flush=True)
         train = [(d, y) for d, y, g, *_ in data if g != a]
-        prm = fit(train, start)
+        prm = fit(train, start, cap)
         rl = fit_roofline([(d.macs, d.precision, y) for d, y in train])
         for i, (d, y, g, *_) in enumerate(data):
             if g == a:
                 pred[i] = predict(prm, d)
                 aa, rate = rl[d.precision]
                 base[i] = aa + d.macs / rate
+    print(file=sys.stderr)
     print(f"\n{'model':44s} {'prec':6s} {'metric':8s} {'GMACs':>9s} {'ops':>5s} {'published':>11s} {'npusim':>11s} "
           f"{'err':>7s} {'roofline':>11s} {'err':>7s}")
     rec = []
@@ -140,7 +143,7 @@ def main(argv=None) -> int:
     for f in fams:
         a, b, n = med(lambda p, m, ff: ff == f)
         print(f"  {f:34s} {n:4d} {a:8.1%} {b:9.1%}")
-    full = fit([(d, y) for d, y, *_ in data], start)
+    full = fit([(d, y) for d, y, *_ in data], start, cap)
     fe = [abs(predict(full, d) / y - 1) for d, y, *_ in data]
     print("\nfit on all rows (the shipped calibration): " + ", ".join(f"{k}={full[k]:.4g}" for k in PARAMS)
           + f"; in-sample median APE {np.median(fe):.1%}")
@@ -161,6 +164,7 @@ def write_calibration(path: Path, dev) -> None:
             f"dynamic_matmul_efficiency = {c['dynamic_matmul_efficiency']:.4g}\n"
             f"vector_efficiency = {c['vector_efficiency']:.4g}\n"
             f"depthwise_efficiency = {c['depthwise_efficiency']:.4g}\n"
+            f"softmax_efficiency = {c['softmax_efficiency']:.4g}\n"
             f"op_us_scale = {tbl(c['op_us_scale'])}\n"
             f"graph_us_scale = {tbl(c['graph_us_scale'])}\n"
             f"dram_share = {c['dram_share']:.4g}\n"

@@ -40,9 +40,14 @@ CALIBRATION_DEFAULTS = {
     # a depthwise convolution's MACs on the vector units (each input reused by every tap:
     # a different rate than elementwise work, notably for ConvNeXt's 7x7 kernels)
     "depthwise_efficiency": 0.5,
+    # softmax's lane ops (a max, an exp, a sum and a scale per score: VECTOR_OPS_PER_ELEMENT)
+    # on the vector units: the vendor's fused kernel, not a chain of elementwise ops
+    "softmax_efficiency": 0.5,
     "op_us_scale": {"int8": 1.0, "fp16": 1.0, "a16": 1.0},  # per-op overhead multiplier by family
     "graph_us_scale": {"int8": 1.0, "fp16": 1.0, "a16": 1.0},
-    "dram_share": 1.0,             # share of the DRAM bandwidth a long weight stream achieves
+    # a long weight stream's rate over the one [memory.dram] and [dma] imply (bus bandwidth plus
+    # a setup per burst); at most the value where it reaches the bus peak (setups overlapped)
+    "dram_share": 1.0,
     "io_gbps": 20.0,               # host I/O rate for the graph's inputs and outputs, GB/s
 }
 
@@ -268,6 +273,9 @@ def _calibration(r: _Reader, table) -> dict:
             if not isinstance(sub, dict):
                 r.fail(f"calibration.{key}", "expected a table")
             out[key] = {p: r.get(sub, p, f"calibration.{key}", default=d, allow_zero=True) for p, d in default.items()}
+            if set(sub) - set(default):
+                r.fail(f"calibration.{key}.{sorted(set(sub) - set(default))[0]}",
+                       f"unknown precision family; known: {', '.join(default)}")
         else:
             out[key] = r.get(table, key, "calibration", default=default, allow_zero=True)
     unknown = set(table) - set(CALIBRATION_DEFAULTS)

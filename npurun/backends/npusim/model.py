@@ -55,6 +55,8 @@ VECTOR_OPS_PER_ELEMENT = {"sigmoid": 4, "tanh": 4, "gelu": 6, "erf": 6, "exp": 4
                           "swish": 5, "hard_swish": 3, "softmax": 10, "masked_softmax": 11,
                           "depth_to_space": 8, "space_to_depth": 8, "transpose": 8, "div": 4, "sqrt": 4,
                           "reciprocal": 4, "resize": 2, "pow": 4}
+# Ops timed at the calibrated softmax efficiency rather than the elementwise one.
+SOFTMAX_OPS = frozenset({"softmax", "masked_softmax", "log_softmax"})
 PRECISION_CHOICES = ("auto", "int8", "fp16", "int16", "w8a16", "w4a16")
 # Bytes per element of an activation and of a weight (a constant operand) at each precision.
 BYTES = {"int8": 1, "int8_acc16": 1, "fp16": 2, "int16": 2, "w8a16": 2, "w4a16": 2}
@@ -357,7 +359,8 @@ def node_timings(g: Graph, dev: Device, shapes: dict, placement: dict[str, str],
             lanes = vec.macs_per_cycle.get(prec) or max(vec.macs_per_cycle.values())
             nt.utilization = _quant(shapes[n.outputs[0]][1] if len(shapes.get(n.outputs[0]) or ()) > 1 else 1,
                                     vec.tile[0]) if n.op == "conv" else 1.0
-            eff = cal["depthwise_efficiency"] if n.op in ("conv", "conv_integer") else cal["vector_efficiency"]
+            eff = (cal["depthwise_efficiency"] if n.op in ("conv", "conv_integer")
+                   else cal["softmax_efficiency"] if n.op in SOFTMAX_OPS else cal["vector_efficiency"])
             rate = vec.count * lanes * eff * freq_hz
             nt.compute_s = nt.vector_work / rate
         # Traffic: every operand read and result written once, at its tier.
