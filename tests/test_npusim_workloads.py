@@ -57,6 +57,17 @@ def test_shape_arithmetic_costs_nothing():
     assert a.latency_s == pytest.approx(c.latency_s, rel=1e-12)
 
 
+@pytest.mark.parametrize("act,fused", [("relu", True), ("prelu", True), ("swish", False)])
+def test_piecewise_linear_activations_fuse_into_the_conv(act, fused):
+    b = Builder("f")
+    y = b.conv(b.input("x", (1, 32, 16, 16)), 32, 3)
+    extra = [b.floats(np.full((32, 1, 1), 0.25))] if act == "prelu" else []
+    g = b.output(b.node(act, [y, *extra]))
+    rep = estimate(g, "x-elite-hexagon", precision="int8")
+    a = next(n for n in rep.nodes if n.op == act)
+    assert (a.time_s == 0 and a.fused == ["(fused)"]) if fused else a.time_s > 0
+
+
 def test_attention_scores_stay_on_chip():
     """SD's 64x64 self-attention: 8 x 4096 x 4096 scores (268 MB at fp16) never reach DRAM."""
     b = Builder("att")

@@ -37,10 +37,11 @@ from ...ir.shapes import UNKNOWN, bind, numel, parse_affine
 # Ops that only relabel memory: no time, no dispatch.
 FREE_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", "shape", "size",
                       "constant_of_shape", "dropout"})
-# Activations the matrix unit's output stage applies for free after a conv / matmul.
-# (Piecewise-linear ones only: sigmoid-based SiLU/swish, GELU and PReLU's per-channel slopes
-# run as their own vector op.)
-FUSABLE = frozenset({"relu", "clip", "leaky_relu"})
+# Activations the matrix unit's output stage applies for free after a conv / matmul: the
+# piecewise-linear ones (PReLU's per-channel slope is applied like the per-channel requantization
+# scale; fusing it lowered the held-out error, docs/npusim.md); sigmoid-based SiLU/swish and
+# GELU run as their own vector op.
+FUSABLE = frozenset({"relu", "clip", "leaky_relu", "prelu"})
 MATRIX_OPS = frozenset({"conv", "matmul", "gemm", "matmul_add"})
 # Ops that write into (or read out of) a slice of a buffer along the channel axis: the producer
 # writes its part in place, so they cost nothing when the axis is 1 (NCHW channels).
