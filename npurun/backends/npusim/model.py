@@ -48,12 +48,15 @@ MATRIX_OPS = frozenset({"conv", "matmul", "gemm", "matmul_add"})
 IN_PLACE = frozenset({"concat", "split"})
 # Vector work per output element, in MAC-equivalents, for ops heavier than one lane op.
 # Normalizations read their input twice (statistics, then the affine); softmax is a max, an
-# exp, a sum and a scale per element; GELU and SiLU are a transcendental and two products.
-VECTOR_OPS_PER_ELEMENT = {"sigmoid": 4, "tanh": 4, "gelu": 6, "erf": 6, "exp": 4,
+# exp, a sum and a scale per element (and runs at its own calibrated rate); a transcendental
+# (sigmoid, tanh, exp, erf) is a table lookup and an interpolating product (HVX's vlut), so 2;
+# GELU and SiLU are one of those and a product, 3. (Costing transcendentals as 4-6 lane ops
+# made SiLU-heavy YOLOv8 predicted 58% slow; held-out figures in docs/npusim.md.)
+VECTOR_OPS_PER_ELEMENT = {"sigmoid": 2, "tanh": 2, "gelu": 3, "erf": 2, "exp": 2,
                           "log_softmax": 6, "layer_normalization": 6, "batch_normalization": 2,
                           "rms_normalization": 5, "simplified_layer_normalization": 5,
                           "instance_normalization": 6, "group_normalization": 6, "prelu": 2,
-                          "swish": 5, "hard_swish": 3, "softmax": 10, "masked_softmax": 11,
+                          "swish": 3, "hard_swish": 3, "softmax": 10, "masked_softmax": 11,
                           "depth_to_space": 8, "space_to_depth": 8, "transpose": 8, "div": 4, "sqrt": 4,
                           "reciprocal": 4, "resize": 2, "pow": 4}
 # Ops timed at the calibrated softmax efficiency rather than the elementwise one.
