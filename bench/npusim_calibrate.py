@@ -47,6 +47,7 @@ FAMILIES = [("resnet", ("resnet", "wideresnet", "resnext")), ("mobile cnn", ("mo
             ("bert", ("bert",)), ("vit/clip", ("vit", "openai_clip")), ("convnext", ("convnext",)), ("swin", ("swin",)),
             ("detr", ("detr",)), ("whisper encoder", ("whisper_tiny_encoder", "whisper_base_encoder")),
             ("whisper decoder", ("whisper_tiny_decoder", "whisper_base_decoder")), ("stable diffusion", ("sd15",)),
+            ("mobilesam", ("mobilesam",)),
             ("llm", ("llm:",))]
 
 

@@ -6,7 +6,7 @@ a KV cache is simpler to count than to build (Whisper's decoder, the LLMs). Writ
 npurun/backends/npusim/data/reference_macs.csv; tests/test_npusim_architectures.py checks
 every builder against it (within 1.5%).
 
-    .venv/bin/python -m pip install diffusers   # once; transformers comes with the test extra
+    .venv/bin/python -m pip install diffusers mobilesam-mirror==1.0.0  # once; transformers comes with the test extra
     .venv/bin/python bench/npusim_reference_macs.py
 """
 from __future__ import annotations
@@ -126,6 +126,58 @@ def detr(depth):
     return fc.get_total_flops() / 2 / 1e9
 
 
+def _mobile_sam():
+    """mobile_sam (PyPI: mobilesam-mirror, the MobileSAM repository packaged) with stand-ins for
+    what its imports pull in and counting never runs: its package imports the predictor and the
+    mask generator (torchvision), TinyViT three helpers from timm (whose layers import
+    torchvision too; no torchvision wheel matches this torch)."""
+    import types
+
+    def stub(name, **kw):
+        if name not in sys.modules:
+            m = types.ModuleType(name)
+            m.__dict__.update(kw)
+            sys.modules[name] = m
+    for name in ("torchvision", "timm"):
+        try:
+            __import__(name)
+        except ImportError:
+            stub(name)
+    stub("timm.models")
+    stub("timm.models.registry", register_model=lambda f: f)
+    stub("timm.models.layers", DropPath=torch.nn.Identity, trunc_normal_=torch.nn.init.trunc_normal_,
+         to_2tuple=lambda x: tuple(x) if isinstance(x, (tuple, list)) else (x, x))
+    stub("torchvision.transforms")
+    stub("torchvision.transforms.functional", resize=None, to_pil_image=None)
+    stub("torchvision.ops")
+    stub("torchvision.ops.boxes", batched_nms=None, box_area=None)
+    from mobile_sam import sam_model_registry
+    return sam_model_registry["vit_t"]().eval()
+
+
+def mobilesam():
+    """MobileSAM's image encoder at 1024x1024, and the decoder as AI Hub's MobileSAMDecoder runs
+    it: two points embedded, no mask input, the mask decoder's four masks (one selected after)."""
+    sam = _mobile_sam()
+    pe = sam.prompt_encoder
+    with torch.no_grad():
+        with FlopCounterMode(display=False) as enc:
+            sam.image_encoder(torch.randn(1, 3, 1024, 1024))
+        with FlopCounterMode(display=False) as dec:
+            sparse = pe._embed_points(torch.rand(1, 2, 2) * 1024, torch.tensor([[1.0, 0.0]]), pad=False)
+            dense = torch.zeros(1, 1, 64, 64) + pe.no_mask_embed.weight.reshape(1, -1, 1, 1)
+            sam.mask_decoder.predict_masks(torch.randn(1, 256, 64, 64), pe.get_dense_pe(), sparse, dense)
+    return enc.get_total_flops() / 2e9, dec.get_total_flops() / 2e9
+
+
+def _kept(prefixes, why):
+    """The file's rows for architectures whose library is not installed."""
+    print(f"{why}: keeping the file's {', '.join(prefixes)} rows", file=sys.stderr)
+    with (HERE / REFERENCE_MACS).open() as f:
+        return [(r["architecture"], float(r["macs_g"]), r["source"]) for r in csv.DictReader(f)
+                if r["architecture"].startswith(tuple(prefixes))]
+
+
 def main() -> int:
     rows = [("bert_base", bert(), "flop_counter on transformers BertModel (bert-base config), 384 tokens"),
             ("distil_bert_base", bert(6), "flop_counter on transformers BertModel (bert-base config, 6 layers: "
@@ -143,10 +195,14 @@ def main() -> int:
         rows.append(("sd15_unet", unet(), "flop_counter on diffusers UNet2DConditionModel (SD 1.x config), 64x64 latent"))
         rows.append(("sd15_vae_decoder", vae(), "flop_counter on diffusers AutoencoderKL.decode (SD config), 64x64 latent"))
     except ImportError:
-        print("diffusers is not installed: keeping the file's SD rows", file=sys.stderr)
-        with (HERE / REFERENCE_MACS).open() as f:
-            rows += [(r["architecture"], float(r["macs_g"]), r["source"]) for r in csv.DictReader(f)
-                     if r["architecture"].startswith("sd15_u") or r["architecture"].startswith("sd15_v")]
+        rows += _kept(("sd15_unet", "sd15_vae"), "diffusers is not installed")
+    try:
+        enc, dec = mobilesam()
+        rows.append(("mobilesam_encoder", enc, "flop_counter on mobile_sam (MobileSAM vit_t) image_encoder, 1024x1024"))
+        rows.append(("mobilesam_decoder", dec, "flop_counter on mobile_sam's prompt encoder (2 points) + "
+                     "mask_decoder.predict_masks, no mask input"))
+    except ImportError:
+        rows += _kept(("mobilesam_",), "mobile_sam (mobilesam-mirror) is not installed")
     for model in sorted({k for k in L.LLMS if not k.endswith("_quantized")}):
         for t, kind in ((128, "prompt"), (1, "token")):
             rows.append((f"{model}_{kind}", L.reference_macs(model, t) / 1e9,

@@ -50,3 +50,18 @@ def test_architecture_verifies_and_matches_published_macs(arch):
         return
     want, source = PUBLISHED[arch]
     assert macs / 1e9 == pytest.approx(want, rel=0.015), source
+
+
+def test_detr_backbone_keeps_its_frozen_batchnorm_as_the_export_writes_it():
+    """transformers' DETR replaces each BatchNorm of its ResNet by DetrFrozenBatchNorm2d
+    (x * scale + shift), which the exporter writes as Mul and Add after the conv, not as a
+    BatchNormalization a converter folds: npusim times those as vector ops (the 2026-12-05
+    analysis in docs/npusim.md), and so must the graph it sees."""
+    from npurun.backends.npusim.view import npusim_view
+    g = npusim_view(build("detr_resnet50"))
+    readers = g.consumers()
+    convs = [n for n in g.nodes if n.op == "conv"]
+    after = [readers[n.outputs[0]][0].op for n in convs[:-1]]   # the last conv is DETR's projection
+    assert len(convs) == 54 and after == ["mul"] * 53
+    plain = npusim_view(build("resnet50"))
+    assert not any(n.op == "mul" for n in plain.nodes)          # a classifier's BatchNorm is folded

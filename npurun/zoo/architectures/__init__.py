@@ -18,6 +18,7 @@ from . import detection as D
 from . import diffusion as SD
 from . import llm as L
 from . import modern as M
+from . import sam as S
 from . import superres as R
 from . import transformer as T
 
@@ -56,6 +57,8 @@ ARCHITECTURES = {
     "detr_resnet101": partial(T.detr, 101),
     "sd15_unet": SD.sd15_unet,
     "sd15_vae_decoder": SD.sd15_vae_decoder,
+    "mobilesam_encoder": S.mobilesam_encoder,
+    "mobilesam_decoder": S.mobilesam_decoder,
 }
 for _m in L.LLMS:
     if not _m.endswith("_quantized"):
@@ -78,6 +81,7 @@ CALIBRATION = {
     "whisper_base/HfWhisperDecoder": "whisper_base_decoder", "whisper_base_en/HfWhisperDecoder": "whisper_base_decoder",
     "stable_diffusion_v1_5/text_encoder": "sd15_text_encoder", "stable_diffusion_v1_5/unet": "sd15_unet",
     "stable_diffusion_v1_5/vae": "sd15_vae_decoder",
+    "mobilesam/MobileSAMEncoder": "mobilesam_encoder", "mobilesam/MobileSAMDecoder": "mobilesam_decoder",
     "stable_diffusion_v1_5_quantized/TextEncoder_Quantized": "sd15_text_encoder",
     "stable_diffusion_v1_5_quantized/UNet_Quantized": "sd15_unet",
     "stable_diffusion_v1_5_quantized/VAEDecoder_Quantized": "sd15_vae_decoder",

@@ -65,7 +65,9 @@ class Builder:
         return self.g.values[x].shape
 
     # ------------------------------------------------------------ layers
-    def conv(self, x, cout, k=3, s=1, p=None, groups=1, bias=True, dilation=1, act=None):
+    def conv(self, x, cout, k=3, s=1, p=None, groups=1, bias=True, dilation=1, act=None, frozen_bn=False):
+        """A conv (+ bias) and its activation; `frozen_bn`: no bias, then a per-channel Mul and
+        Add before the activation (a frozen BatchNorm, x * scale + shift, as exporters write it)."""
         cin = self.shape(x)[1]
         ks = (k, k) if isinstance(k, int) else tuple(k)
         nd = len(self.shape(x)) - 2
@@ -73,11 +75,14 @@ class Builder:
             ks = ks[:1]
         pads = [(kk - 1) * dilation // 2 for kk in ks] if p is None else ([p] * nd if isinstance(p, int) else list(p))
         w = self.weight((cout, cin // groups, *ks))
-        ins = [x, w] + ([self.weight((cout,), 0.1, "b")] if bias else [])
+        ins = [x, w] + ([self.weight((cout,), 0.1, "b")] if bias and not frozen_bn else [])
         attrs = dict(strides=[s] * nd, pads=pads + pads, group=groups)
         if dilation != 1:
             attrs["dilations"] = [dilation] * nd
         y = self.node("conv", ins, **attrs)
+        if frozen_bn:
+            per_channel = (1, cout) + (1,) * nd
+            y = self.add(self.mul(y, self.weight(per_channel, 0.5, "bn")), self.weight(per_channel, 0.1, "bn"))
         return self.act(y, act)
 
     def act(self, x, act):

@@ -5,18 +5,18 @@ from __future__ import annotations
 from .builder import Builder
 
 
-def _bottleneck(b, x, width, cout, stride, groups=1):
-    y = b.conv(x, width, 1, act="relu")
-    y = b.conv(y, width, 3, s=stride, groups=groups, act="relu")
-    y = b.conv(y, cout, 1)
-    sc = b.conv(x, cout, 1, s=stride) if stride != 1 or b.shape(x)[1] != cout else x
+def _bottleneck(b, x, width, cout, stride, groups=1, fbn=False):
+    y = b.conv(x, width, 1, act="relu", frozen_bn=fbn)
+    y = b.conv(y, width, 3, s=stride, groups=groups, act="relu", frozen_bn=fbn)
+    y = b.conv(y, cout, 1, frozen_bn=fbn)
+    sc = b.conv(x, cout, 1, s=stride, frozen_bn=fbn) if stride != 1 or b.shape(x)[1] != cout else x
     return b.node("relu", [b.add(y, sc)])
 
 
-def _basic(b, x, cout, stride):
-    y = b.conv(x, cout, 3, s=stride, act="relu")
-    y = b.conv(y, cout, 3)
-    sc = b.conv(x, cout, 1, s=stride) if stride != 1 or b.shape(x)[1] != cout else x
+def _basic(b, x, cout, stride, fbn=False):
+    y = b.conv(x, cout, 3, s=stride, act="relu", frozen_bn=fbn)
+    y = b.conv(y, cout, 3, frozen_bn=fbn)
+    sc = b.conv(x, cout, 1, s=stride, frozen_bn=fbn) if stride != 1 or b.shape(x)[1] != cout else x
     return b.node("relu", [b.add(y, sc)])
 
 
@@ -28,20 +28,21 @@ def resnet(depth=50, width_mult=1, groups=1, width_per_group=64, h=224, w=224, n
     return b.output(b.linear(x, 1000))
 
 
-def resnet_features(b: Builder, x, depth=50, width_mult=1, groups=1, width_per_group=64):
-    """A ResNet's stem and four stages: the stride-32 map (a detector's backbone)."""
+def resnet_features(b: Builder, x, depth=50, width_mult=1, groups=1, width_per_group=64, frozen_bn=False):
+    """A ResNet's stem and four stages: the stride-32 map (a detector's backbone). `frozen_bn`:
+    each BatchNorm a per-channel Mul and Add after its conv (see Builder.conv)."""
     blocks = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3], 101: [3, 4, 23, 3]}[depth]
-    x = b.conv(x, 64, 7, s=2, act="relu")
+    x = b.conv(x, 64, 7, s=2, act="relu", frozen_bn=frozen_bn)
     x = b.maxpool(x, 3, 2, 1)
     for stage, n in enumerate(blocks):
         planes = 64 * 2 ** stage
         for i in range(n):
             s = 2 if i == 0 and stage > 0 else 1
             if depth < 50:
-                x = _basic(b, x, planes, s)
+                x = _basic(b, x, planes, s, frozen_bn)
             else:
                 width = int(planes * width_per_group / 64) * groups * width_mult
-                x = _bottleneck(b, x, width, planes * 4, s, groups)
+                x = _bottleneck(b, x, width, planes * 4, s, groups, frozen_bn)
     return x
 
 

@@ -203,7 +203,7 @@ def detr(depth=50, h=480, w=480, d=256, heads_=8, layers=6, ffn=2048, queries=10
     logits and sigmoid boxes out (the boxes' 3-layer MLP)."""
     from .classification import resnet_features
     b = Builder(name or f"detr_resnet{depth}")
-    x = b.conv(resnet_features(b, b.input("image", (1, 3, h, w)), depth), d, 1)     # (1, d, 15, 15)
+    x = b.conv(resnet_features(b, b.input("image", (1, 3, h, w)), depth, frozen_bn=True), d, 1)  # (1, d, 15, 15)
     n = b.shape(x)[2] * b.shape(x)[3]
     mem = b.transpose(b.reshape(x, [1, d, n]), [0, 2, 1])                          # (1, n, d)
     pos = b.weight((1, n, d), 0.02, "pos")
