@@ -425,6 +425,31 @@ def test_an_if_on_a_shape_is_recorded_step_by_step_and_one_on_the_data_stays_cor
     assert "guard" in _recording(prog).recording.kinds  # recorded on the then-branch, guarded
 
 
+def test_a_data_dependent_if_gets_a_recording_per_branch(tmp_path, rng):
+    """Each way through an if on the data is recorded when first taken; then a run replays
+    whichever its data takes (a replay that reaches the other branch hands over to the other
+    recording), and no run is a normal one."""
+    ref = npurun.Executor("reference")
+    g = _if_model(tmp_path, "ways", [helper.make_node("ReduceSum", ["x"], ["sum"], keepdims=0),
+                                     helper.make_node("Greater", ["sum", "zero"], ["c"])])
+    prog = npurun.Executor("cpu", parallelism=1).compile(g)
+
+    def run(shift):  # (the check's noise cannot flip a sum of ~320)
+        x = nonzero_normal(rng, (4, 8)) + np.float32(shift)
+        np.testing.assert_allclose(prog.run({"x": x})["y"], ref.run_sync(g, {"x": x})["y"], rtol=1e-6, atol=1e-6)
+    for shift in [10.0] * (replay.WARM + 2) + [-10.0] * 2:
+        run(shift)
+    s = _recording(prog)
+    assert s.recording is not None and len(s.others) == 1
+    ways = {tuple(e[6] for e in r.plan if e[0] == replay._GUARD) for r in [s.recording, *s.others]}
+    assert ways == {(True,), (False,)}
+    normal, real = [], prog._run
+    prog._run = lambda *a, **k: normal.append(1) or real(*a, **k)
+    for shift in (10.0, -10.0, -10.0, 10.0, -10.0):
+        run(shift)
+    assert not normal
+
+
 def test_a_flag_raised_during_a_recording_stops_it_until_a_quiet_run(tmp_path, rng):
     prog = _relu_program(tmp_path, rng)
     attention, raise_it = [False], [False]

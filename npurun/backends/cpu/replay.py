@@ -28,7 +28,8 @@ them:
    perturbed (float values with noise around them; ids and other whole numbers shuffled), a
    normal run and a replay must give every value of the program bit for bit. The first step
    whose values differ runs as Python from then on and the check is repeated; twice, with two
-   perturbations. An input no shuffle changes (a sample rate, a mask of ones, not float) is
+   perturbations that take the recorded branches (up to PATH_TRIES are drawn; if fewer take
+   them, the `if` they leave is recorded again as one Python step). An input no shuffle changes (a sample rate, a mask of ones, not float) is
    required equal to the recorded one instead (otherwise the run is a normal one). Runs that
    write into their inputs or constants are not recorded.
 4. **Kept if faster** (`_slower`): alternating normal runs and replays, medians.
@@ -36,6 +37,10 @@ them:
    `_addr.replay` (the GIL let go once), Python steps and guards in between, the scheduler's
    boundary between segments where its attention flag is up, outputs copied out (a caller may
    keep or write what it gets).
+6. **Other ways through the model.** A replay whose guard finds the other branch taken stops
+   there; the run goes on as a replay of the signature's recording of that way, made the
+   first time a run takes it (up to PATHS recordings a signature). openWakeWord's models run a
+   verifier MLP only when the first one fires: both ways are replays.
 
 A recording holds every value of the run at once (no buffer reused). Runs with a progress
 callback (a profile, a scheduler boundary that must decide at every step) and programs whose
@@ -63,6 +68,8 @@ MAX_BYTES = 32 << 20  # values and kept arrays of a recording
 MAX_SIGNATURES = 8  # per program
 PIECE_SECONDS = 1e-3  # recorded time of a segment, between two of which the scheduler may switch tasks
 CHECKS = 2  # perturbed inputs a recording must replay bit for bit
+PATH_TRIES = 6  # perturbations tried to find CHECKS that take the recorded branches
+PATHS = 4  # recordings per signature: one per way through its data-dependent ifs
 
 try:
     from ._addr import record as _record_calls, replay as _replay, bind as _bind
@@ -79,11 +86,13 @@ def enabled() -> bool:
 
 
 class _Signature:
-    __slots__ = ("times", "recording", "never")
+    __slots__ = ("times", "recording", "others", "tried", "never")
 
     def __init__(self):
         self.times: list = []
         self.recording: Recording | None = None
+        self.others: list = []  # recordings of the other ways through data-dependent ifs
+        self.tried = 0  # recordings of other ways tried (kept or not)
         self.never = ""  # why this signature is not replayed
 
 
@@ -117,11 +126,13 @@ class Replays:
             rec = s.recording
             if rec is not None:
                 if rec.outer is not program._plan_steps():
-                    s.recording, s.never = None, "the program's steps were replaced"
+                    s.recording, s.others, s.never = None, [], "the program's steps were replaced"
                     return None
                 out = rec.run(feeds, progress, attention)
                 if out is None and rec.failed:
-                    s.recording, s.never = None, rec.failed
+                    s.recording, s.others, s.never = None, [], rec.failed
+                if out is None and rec.diverged:
+                    return self._other_path(s, feeds, progress, attention)
                 return out
             if len(s.times) < WARM:
                 t0 = time.perf_counter()
@@ -142,25 +153,63 @@ class Replays:
                     return program._run(feeds, progress, attention)
                 finally:
                     program._cheap = cheap
-            if (attention is not None and attention[0]) or not _RECORDING.acquire(blocking=False):
+            recorded = self._record(feeds, attention)
+            if recorded is None:
                 return None
-            # A recording and its checks run a few normal runs and replays with no boundary: a
-            # better task arriving meanwhile (the scheduler's flag) ends it, to be tried again.
-            stop = (lambda: False) if attention is None else (lambda: attention[0])
-            program._cheap = True  # (the recording and its checks pick the kernels replays will run)
-            try:
-                out, s.recording, s.never = record(program, feeds, stop)
-                if s.recording is not None:
-                    s.never = _slower(program, s.recording, feeds, stop)
-                    s.recording = None if s.never else s.recording
-                if s.never == _STOPPED:
-                    s.never = ""
-            finally:
-                _RECORDING.release()
-                program._cheap = any(x.recording is not None for x in self.signatures.values())
+            out, s.recording, s.never = recorded
+            if s.never == _STOPPED:
+                s.never = ""
             return out
         finally:
             self.lock.release()
+
+    def _record(self, feeds, attention):
+        """(outputs, recording or None, why not) of recording this run (a normal run, checked
+        and timed: kept only if faster); None if it cannot be recorded now (a better task
+        waiting, another recording under way)."""
+        program = self.program
+        if (attention is not None and attention[0]) or not _RECORDING.acquire(blocking=False):
+            return None
+        # A recording and its checks run a few normal runs and replays with no boundary: a
+        # better task arriving meanwhile (the scheduler's flag) ends it, to be tried again.
+        stop = (lambda: False) if attention is None else (lambda: attention[0])
+        program._cheap = True  # (the recording and its checks pick the kernels replays will run)
+        try:
+            out, rec, why = record(program, feeds, stop)
+            if rec is not None:
+                why = _slower(program, rec, feeds, stop)
+                rec = None if why else rec
+            return out, rec, why
+        finally:
+            _RECORDING.release()
+            program._cheap = any(x.recording is not None for x in self.signatures.values())
+
+    def _other_path(self, s: _Signature, feeds, progress, attention):
+        """A run whose data took another branch than the signature's recording: the recording
+        of that way through the model, as a recording of its own (each made when its way is
+        first taken; up to PATHS); None (a normal run) where there is none yet and this run
+        cannot record it. A replay that reaches its guard's other branch stops there, so a run
+        may replay the steps before the if more than once."""
+        for i, rec in enumerate(s.others):
+            out = rec.run(feeds, progress, attention)
+            if out is not None:
+                if i:  # (the way taken last is tried first next time)
+                    s.others.insert(0, s.others.pop(i))
+                return out
+            if rec.failed:
+                s.others.remove(rec)
+                return None
+        if s.tried + 1 >= PATHS:
+            return None
+        recorded = self._record(feeds, attention)
+        if recorded is None:
+            return None
+        out, rec, why = recorded
+        if why != _STOPPED:
+            s.tried += 1
+        if rec is not None:
+            s.others.insert(0, rec)
+        return out
 
 
 class Recording:
@@ -182,6 +231,7 @@ class Recording:
         self.exact = [(nm, exact[nm]) for nm in program.graph.inputs if nm in exact]
         self.outputs = list(program.graph.outputs)
         self.failed = ""
+        self.diverged = False  # the last replay reached a guard whose condition took the other branch
         self.speedup = 1.0  # normal run / replay, as measured when recorded
         self.whole: frozenset = frozenset()  # labels of the ifs recorded as one step
         self.data_if = ""  # an if the check found taking another branch
@@ -229,9 +279,10 @@ class Recording:
 
     def run(self, feeds: dict, progress=None, attention=None):
         """Replay with `feeds` (checked by the program): the outputs, or None for a normal run
-        (non-float inputs other than the recorded ones, another branch; `failed` says so if
-        the replay broke). `progress` is called between segments where attention[0] is set
+        (non-float inputs other than the recorded ones, another branch: `diverged`; `failed`
+        says so if the replay broke). `progress` is called between segments where attention[0] is set
         (the scheduler's boundary: a better task may go first)."""
+        self.diverged = False
         for nm, want in self.exact:
             got = feeds[nm]
             if got is not want and not np.array_equal(got, want):
@@ -262,6 +313,7 @@ class Recording:
         except _Boundary as e:  # (the scheduler's: a timeout, a cancellation)
             raise e.args[0] from None
         except _Diverged:
+            self.diverged = True
             return None
         except Exception as e:  # noqa: BLE001 -- the normal run that follows names any real error
             self.failed = f"a replay failed ({type(e).__name__}: {e})"
@@ -658,7 +710,10 @@ def _check(rec: Recording, feeds: dict, stop=lambda: False) -> str:
     consts = _digest(program.consts)
     if consts is None:
         return f"its constants are over {MAX_CONST_BYTES >> 20} MB (not checked for writes)"
-    for _ in range(CHECKS):
+    checked, other_way = 0, ""
+    for _ in range(PATH_TRIES):
+        if checked == CHECKS:
+            break
         if stop():
             return _STOPPED
         pert = _perturbed(feeds, {nm for nm, _ in rec.exact}, rng)
@@ -668,10 +723,12 @@ def _check(rec: Recording, feeds: dict, stop=lambda: False) -> str:
         except Exception as e:  # noqa: BLE001 -- inputs the model rejects: no recording
             return f"a normal run on perturbed inputs failed ({type(e).__name__}: {str(e)[-120:]})"
         got = [e for e in trace if e[0] == _GUARD]
-        for a, b in zip(got, [e for e in rec.plan if e[0] == _GUARD]):
-            if a[2] != b[2] or a[6] != b[6]:
-                rec.data_if = b[7]
-                return f"{b[7]}: its branch depends on the data"
+        way = next((b[7] for a, b in zip(got, [e for e in rec.plan if e[0] == _GUARD])
+                    if a[2] != b[2] or a[6] != b[6]), "")
+        if way:  # another way through the model: a replay stops at that guard (not checkable here)
+            other_way = other_way or way
+            continue
+        checked += 1
         if len(trace) != len(rec.plan):
             return "the run's steps depend on the data"
         # A kernel that writes into its operands (a cache updated in place) writes, in a
@@ -689,6 +746,9 @@ def _check(rec: Recording, feeds: dict, stop=lambda: False) -> str:
                 return f"{rec.plan[bad][7]} differs between runs of its own kernel"
             rec.kinds[bad] = "py"
             rec.build()
+    if checked < CHECKS:  # (the perturbations kept taking another branch)
+        rec.data_if = other_way
+        return f"{other_way}: its branch depends on the data"
     if _digest(program.consts) != consts:
         return "a run writes into its constants"
     return ""

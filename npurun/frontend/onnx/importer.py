@@ -28,7 +28,6 @@ from .dtypes import ir_dtype
 
 MAX_ELEMENTS = 1 << 34  # no real tensor has more; refuse before trying to allocate it
 _ONNX_DOMAINS = ("", "ai.onnx")
-SMALL_CONST = 64  # constants up to this many elements are copied into the regions that read them
 
 
 def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
@@ -354,9 +353,11 @@ class _Importer:
             for i in n.input:  # a region reads enclosing values by name: declare them here
                 if i and i not in g.values and i in outer:
                     v = outer[i]
-                    # Small constants are copied in, so folding sees through the region's edge.
-                    small = v.is_const and v.data.size <= SMALL_CONST
-                    g.add_value(Value(v.name, v.shape, v.dtype, v.space, v.data if small else None, v.kind))
+                    # A constant is declared a constant here too, sharing the enclosing graph's
+                    # array or stored weight (not a copy): folding sees through the region's
+                    # edge, and a backend lowers a branch's Gemm by a weight as it does the
+                    # graph's (openWakeWord's verifier MLP inside an `if` ran the reference Gemm).
+                    g.add_value(Value(v.name, v.shape, v.dtype, v.space, kind=v.kind, stored=v.stored))
             fn, domain = self.converter_of(n)
             ctx.opset = self.opsets.get(domain, 1)
             _check_attr_types(n, domain, ctx.opset, where)
