@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 
 from .builder import Builder
-from .transformer import attend, heads, keys, merge
 
 
 def _layer_norm_2d(b: Builder, x):
@@ -113,16 +112,16 @@ def mobilesam_encoder(size=1024, dims=(64, 128, 160, 320), depths=(2, 2, 6, 2), 
 
 
 def _split_head_attention(b: Builder, q_in, k_in, v_in, nh=8, internal=None):
-    """AI Hub's SplitHeadSAMDecoderAttention: per head its own q/k/v projections, attention,
-    the heads concatenated, then the output projection."""
+    """AI Hub's SplitHeadSAMDecoderAttention: per head its own q/k/v projections on (1, T, d)
+    tokens (no head axis), softmax(q k^T / sqrt(hd)) v, the heads concatenated, then the output
+    projection."""
     d = b.shape(q_in)[-1]
     hd = (internal or d) // nh
     outs = []
     for _ in range(nh):
-        q = heads(b, b.linear(q_in, hd), 1)
-        k = keys(b, b.linear(k_in, hd), 1)
-        v = heads(b, b.linear(v_in, hd), 1)
-        outs.append(merge(b, attend(b, q, k, v)))
+        q, k, v = b.linear(q_in, hd), b.linear(k_in, hd), b.linear(v_in, hd)
+        s = b.node("div", [b.node("matmul", [q, b.transpose(k, [0, 2, 1])]), b.floats(np.sqrt(hd))])
+        outs.append(b.node("matmul", [b.node("softmax", [s], axis=-1), v]))
     return b.linear(b.concat(outs, axis=-1), d)
 
 
