@@ -103,6 +103,9 @@ def geomean(xs) -> float:
 
 # ---------------------------------------------------------------- the table
 
+WARMUP = 5  # untimed runs of each runtime before the timed rounds
+
+
 def measure(spec: Spec, threads: list[int], seconds: float) -> dict:
     import npurun
     from npurun.commands.bench import alternate
@@ -124,6 +127,12 @@ def measure(spec: Spec, threads: list[int], seconds: float) -> dict:
             row.setdefault("first_run_s", {})[t] = time.perf_counter() - t0
             sess = ort_session(p, t)
             sess.run(None, feeds)
+            # Steady state for both: a few untimed runs each (npurun's first runs of a short
+            # model measure its kernel choices and record it for replay: the time of those is
+            # first_run_s's business, not the median's; with --time 1 they were half the runs).
+            for _ in range(WARMUP):
+                exe.run_sync(graph, feeds)
+                sess.run(None, feeds)
             times = alternate({"npurun": lambda: exe.run_sync(graph, feeds),
                                "onnxruntime": lambda: sess.run(None, feeds)}, seconds, 5)
         except Exception as e:  # noqa: BLE001 -- the table shows what failed, for every model
