@@ -114,11 +114,46 @@ def test_espcn_equal_reference_and_fp16_emulation():
 
 def test_fit_arrays_agree_with_node_model():
     dev = load_device("x-elite-hexagon")
-    for arch, prec in (("resnet18", "int8"), ("quicksrnetsmall", "fp16"), ("yolov8_det", "int8")):
+    for arch, prec in (("resnet18", "int8"), ("quicksrnetsmall", "fp16"), ("yolov8_det", "int8"),
+                       ("whisper_tiny_decoder", "fp16")):  # per-head chains: overlapped dispatch
         g = build(arch)
         rep = estimate(g, dev, precision=prec)
         fast = predict(params_of(dev), decompose(g, dev, prec))
         assert fast == pytest.approx(rep.latency_s, rel=1e-9)
+
+
+def _branches(k: int) -> str:
+    """x -> k independent chains of two ops each -> their sum."""
+    t = "[1, 8, 4, 4] f32 DRAM0"
+    lines = ["npuir 1", "graph branches", f"input x: {t}"]
+    for i in range(k):
+        lines.append(f"op sigmoid @s{i} (x: {t} -> a{i}: {t})")
+        lines.append(f"op tanh @t{i} (a{i}: {t} -> b{i}: {t})")
+    acc = "b0"
+    for i in range(1, k):
+        lines.append(f"op add @add{i} ({acc}: {t}, b{i}: {t} -> c{i}: {t})")
+        acc = f"c{i}"
+    lines.append(f"output {acc}: {t}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("k,width", [(1, 6), (6, 1), (6, 6), (8, 6), (3, 2)])
+def test_independent_ops_share_their_dispatch_overhead(k, width):
+    """Ops at one depth (k parallel chains) pay ceil(k / width) overheads between them, a
+    chain pays one per op; node_timings and the fit's arrays count the same."""
+    from dataclasses import replace
+    from npurun.backends.npusim.model import dispatch_shares
+    from npurun.ir import parse
+    g = parse(_branches(k))
+    share = dispatch_shares(g, [True] * len(g.nodes), width)
+    chains = [s for n, s in zip(g.nodes, share) if n.op in ("sigmoid", "tanh")]
+    assert chains == pytest.approx([-(-k // width) / k] * 2 * k)
+    assert [s for n, s in zip(g.nodes, share) if n.op == "add"] == [1.0] * (k - 1)  # a chain of adds
+    dev = replace(load_device("x-elite-hexagon"), dispatch_width=width)
+    rep = estimate(g, dev, precision="fp16")
+    assert predict(params_of(dev), decompose(g, dev, "fp16")) == pytest.approx(rep.latency_s, rel=1e-9)
+    d = decompose(g, dev, "fp16")
+    assert d.n_ops == 3 * k - 1 and d.n_dispatch == pytest.approx(2 * -(-k // width) + k - 1)
 
 
 def test_fit_follows_the_rows_a_model_explains_not_an_outlier():

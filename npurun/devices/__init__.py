@@ -97,6 +97,7 @@ class Device:
     pipeline: int
     graph_us: float
     op_us: float
+    dispatch_width: int  # independent ops dispatched at once (their overheads overlap)
     heat_capacity: float
     thermal_resistance: float
     ambient_c: float
@@ -253,6 +254,7 @@ def parse_device(data: dict, source: str = "<device>") -> Device:
         setup_cycles=r.get(dma, "setup_cycles", "dma", allow_zero=True), pipeline=pipeline,
         graph_us=r.get(ov, "graph_us", "overheads", allow_zero=True),
         op_us=r.get(ov, "op_us", "overheads", allow_zero=True),
+        dispatch_width=r.get(ov, "dispatch_width", "overheads", int, default=1),
         heat_capacity=r.get(th, "heat_capacity_j_per_k", "thermal"),
         thermal_resistance=r.get(th, "resistance_k_per_w", "thermal"),
         ambient_c=ambient, throttle_c=throttle, recovery_c=recovery,

@@ -6,7 +6,8 @@ per-op and per-graph overheads per precision family. Everything else (MACs per c
 bandwidths, placement, fusion) is fixed by the device description and the graph.
 
 A node's time is max(c, m) + min(c, m) / p + o with c = c1 / efficiency (c1: compute time at
-efficiency 1), m the transfer time, p the pipeline depth and o the op overhead; so each
+efficiency 1), m the transfer time, p the pipeline depth and o the node's share of the op
+overhead (model.dispatch_shares: independent ops overlap theirs); so each
 architecture is decomposed once into arrays (c1, m, p, which efficiency, which overhead) and a
 fit evaluates the whole calibration set in microseconds. `predict` here and
 `model.node_timings` compute the same thing (tests/test_npusim.py checks they agree).
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...devices import CALIBRATION_DEFAULTS, FAMILY, Device
-from .model import (SOFTMAX_OPS, graph_overhead_s, io_bytes, node_timings, resolve_shapes, choose_precision,
+from .model import (SOFTMAX_OPS, dispatch_shares, graph_overhead_s, io_bytes, node_timings, resolve_shapes, choose_precision,
                     is_dynamic_matmul)
 from .placement import place
 
@@ -48,6 +49,7 @@ class Decomposed:
     macs: int
     n_ops: int
     io_bytes: int
+    n_dispatch: float  # per-op overheads paid: n_ops less those overlapped (model.dispatch_shares)
     io_s: float = 0.0  # graph I/O at the device's host rate (not fitted)
 
     @property
@@ -74,6 +76,7 @@ def decompose(g, dev: Device, precision: str, name: str = "") -> Decomposed:
     f = dev.dvfs[-1].freq_mhz * 1e6
     timed = node_timings(g, d1, shapes, placement, precision, f)
     keep = [(gn, n) for gn, n in zip(g.nodes, timed) if n.unit]
+    n_dispatch = sum(dispatch_shares(g, [bool(n.unit) for n in timed], dev.dispatch_width))
     mat = dev.unit("matrix").name
     kind = [(3 if gn.op in ("conv", "conv_integer") else 4 if gn.op in SOFTMAX_OPS else 1) if n.unit != mat
             else (2 if is_dynamic_matmul(gn, g) else 0) for gn, n in keep]
@@ -83,7 +86,7 @@ def decompose(g, dev: Device, precision: str, name: str = "") -> Decomposed:
                       np.array([n.compute_s for _, n in keep]), np.array([n.dram_s for _, n in keep]),
                       np.array([n.transfer_s - n.dram_s for _, n in keep]),
                       np.array([int(gn.hints.get("pipeline", dev.pipeline)) for gn, _ in keep], dtype=float),
-                      np.array(kind), sum(n.macs for _, n in keep), len(keep), iob,
+                      np.array(kind), sum(n.macs for _, n in keep), len(keep), iob, n_dispatch,
                       iob / (dev.calibration["io_gbps"] * 1e9))
 
 
@@ -127,7 +130,7 @@ def predict(prm: dict, d: Decomposed) -> float:
     c = d.c1 / eff
     m = d.m_dram / prm["dram_share"] + d.m_sram
     busy = np.where(d.p >= 2, np.maximum(c, m) + np.minimum(c, m) / d.p, c + m)
-    return float(busy.sum() + d.n_ops * prm[f"op_us_{fam}"] * 1e-6 + prm[f"graph_us_{fam}"] * 1e-6 + d.io_s)
+    return float(busy.sum() + d.n_dispatch * prm[f"op_us_{fam}"] * 1e-6 + prm[f"graph_us_{fam}"] * 1e-6 + d.io_s)
 
 
 class Stack:
@@ -142,7 +145,7 @@ class Stack:
         fams = np.array([FAMILIES.index(d.precision) for d in rows])
         self.node_fam = fams[self.row]
         self.fam = fams
-        self.n_ops = np.array([d.n_ops for d in rows], float)
+        self.n_dispatch = np.array([d.n_dispatch for d in rows], float)
         self.io_s = np.array([d.io_s for d in rows])
 
     def predict(self, prm: dict) -> np.ndarray:
@@ -154,7 +157,7 @@ class Stack:
         busy = np.where(self.p >= 2, np.maximum(c, m) + np.minimum(c, m) / self.p, c + m)
         op = np.array([prm[f"op_us_{f}"] for f in FAMILIES])[self.fam]
         gr = np.array([prm[f"graph_us_{f}"] for f in FAMILIES])[self.fam]
-        return np.bincount(self.row, busy, self.n) + (self.n_ops * op + gr) * 1e-6 + self.io_s
+        return np.bincount(self.row, busy, self.n) + (self.n_dispatch * op + gr) * 1e-6 + self.io_s
 
 
 def nelder_mead(f, x0, steps, iters=2000, tol=1e-10):

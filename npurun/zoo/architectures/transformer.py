@@ -7,6 +7,9 @@ Layouts: activations are (1, T, d); heads are split as (1, H, T, hd) by reshape 
 keys are used as (1, H, hd, S) (the transpose folded into the key's reshape), so attention is
 two matrix products of activations, a scale, an optional mask add and a softmax. Linear layers
 are matmul + bias add (the matrix unit's output stage adds the bias).
+Whisper is the exception: AI Hub rewrites it for QNN (split-head attention: one chain of 1x1
+convs, products and softmax per head; every linear layer a 1x1 conv on tokens laid out as an
+NCHW map (1, d, 1, T); caches split and joined per head), and its builders follow that.
 """
 from __future__ import annotations
 
@@ -141,33 +144,78 @@ WHISPER = {"tiny": dict(d=384, h=6, layers=4), "base": dict(d=512, h=8, layers=6
            "small": dict(d=768, h=12, layers=12)}
 
 
+def _sha(b: Builder, x, h: int, k_bias=True, queries=True):
+    """One split-head attention's projections as AI Hub writes them (its SHAAttention): tokens
+    as an NCHW map (1, d, 1, T), a 1x1 conv per head: queries (1, 1, T, hd), keys laid out for
+    q k (1, 1, hd, T), values (1, 1, T, hd). (The (1, 1, T, .) <-> (1, ., 1, T) permutes are the
+    NCHW <-> NHWC relabels an NPU's converter drops.)"""
+    hd = b.shape(x)[1] // h
+    q = [b.transpose(b.conv(x, hd, 1), [0, 2, 3, 1]) for _ in range(h)] if queries else None
+    k = [b.transpose(b.conv(x, hd, 1, bias=k_bias), [0, 2, 1, 3]) for _ in range(h)]
+    v = [b.transpose(b.conv(x, hd, 1), [0, 2, 3, 1]) for _ in range(h)]
+    return q, k, v
+
+
+def _sha_out(b: Builder, q, k, v, mask=None):
+    """Per head softmax(q k (+ mask)) v (the 1/sqrt(hd) is in q's weights), the heads
+    concatenated, as an NCHW map (1, d, 1, T) for the output projection."""
+    outs = []
+    for qi, ki, vi in zip(q, k, v):
+        s = b.node("matmul", [qi, ki])
+        if mask is not None:
+            s = b.add(s, mask)
+        outs.append(b.node("matmul", [b.node("softmax", [s], axis=-1), vi]))
+    return b.transpose(b.concat(outs, axis=-1), [0, 3, 1, 2])
+
+
+def _tokens_map(b: Builder, x):
+    """(1, 1, T, d) -> (1, d, 1, T): the NCHW <-> NHWC relabel."""
+    return b.transpose(x, [0, 3, 1, 2])
+
+
+def _ffn(b: Builder, x, hidden: int):
+    """LayerNorm, fc1 + GELU, fc2 as 1x1 convs on (1, 1, T, d) tokens."""
+    d = b.shape(x)[-1]
+    y = b.conv(b.node("gelu", [b.conv(_tokens_map(b, b.layer_norm(x)), hidden, 1)]), d, 1)
+    return b.add(x, b.transpose(y, [0, 2, 3, 1]))
+
+
 def whisper_encoder(size="tiny", cross_kv=True, name=None):
-    """Whisper's encoder over 30 s of audio (80 x 3000 log-mel frames -> 1500 positions); with
-    `cross_kv` it also projects the output to every decoder layer's cross-attention keys
-    (1, H, hd, 1500) and values (1, H, 1500, hd), which is what AI Hub's encoder returns."""
+    """Whisper's encoder over 30 s of audio (80 x 3000 log-mel frames -> 1500 positions) as AI
+    Hub's HfWhisperEncoder (qai_hub_models' hf_whisper model_adaptation): its 1-D convs as 1x3
+    2-D convs, every attention split into one chain per head (1x1-conv projections, the
+    products and softmax per head, the heads concatenated), linear layers as 1x1 convs; with
+    `cross_kv` it also projects the output to every decoder layer's cross-attention keys and
+    values, per head, concatenated over heads (h, 1, hd, 1500) and (h, 1, 1500, hd)."""
     cfg = WHISPER[size]
     d, h, layers = cfg["d"], cfg["h"], cfg["layers"]
     b = Builder(name or f"whisper_{size}_encoder")
-    x = b.input("mel", (1, 80, 3000))
-    x = b.node("gelu", [b.conv(x, d, 3)])
-    x = b.node("gelu", [b.conv(x, d, 3, s=2)])
-    x = b.add(b.transpose(x, [0, 2, 1]), b.weight((1500, d), 0.02, "pos"))   # (1, 1500, d)
+    x = b.reshape(b.input("mel", (1, 80, 3000)), [1, 80, 1, 3000])
+    x = b.node("gelu", [b.conv(x, d, (1, 3), p=[0, 1])])
+    x = b.node("gelu", [b.conv(x, d, (1, 3), s=2, p=[0, 1])])                      # (1, d, 1, 1500)
+    x = b.add(b.transpose(x, [0, 2, 3, 1]), b.weight((1500, d), 0.02, "pos"))       # (1, 1, 1500, d)
     for _ in range(layers):
-        x = encoder_layer(b, x, h, 4 * d)
-    x = b.layer_norm(x)
+        q, k, v = _sha(b, _tokens_map(b, b.layer_norm(x)), h)
+        x = b.add(x, b.transpose(b.conv(_sha_out(b, q, k, v), d, 1), [0, 2, 3, 1]))
+        x = _ffn(b, x, 4 * d)
+    x = _tokens_map(b, b.layer_norm(x))
     if not cross_kv:
         return b.output(x)
     outs = []
     for _ in range(layers):  # the decoder has as many layers as the encoder
-        outs += [keys(b, b.linear(x, d, bias=False), h), heads(b, b.linear(x, d), h)]
+        _, k, v = _sha(b, x, h, k_bias=False, queries=False)
+        outs += [b.concat(k, axis=0), b.concat(v, axis=0)]
     return b.output(*outs)
 
 
 def whisper_decoder(size="tiny", cache=200, vocab=51865, name=None):
-    """One Whisper decoder step as AI Hub exports it: one token, a self-attention cache of
-    cache-1 past positions (keys (1, H, hd, S), values (1, H, S, hd)) plus the new one, masked
-    to the positions filled; cross-attention over the encoder's 1500 precomputed keys/values;
-    logits over the vocabulary and the new self-attention key/value out."""
+    """One Whisper decoder step as AI Hub's HfWhisperDecoder: one token; per layer a
+    self-attention cache of cache-1 past positions per head ((h, 1, hd, S) keys, (h, 1, S, hd)
+    values, split into heads and each concatenated with the new position), masked to the
+    positions filled, and the cache moved on by one (the oldest position dropped) as the new
+    cache out; cross-attention over the encoder's 1500 precomputed keys/values, split into
+    heads; split-head attention and 1x1-conv linears as in whisper_encoder; logits over the
+    vocabulary as a 1x1 conv."""
     cfg = WHISPER[size]
     d, h, layers = cfg["d"], cfg["h"], cfg["layers"]
     hd = d // h
@@ -175,22 +223,27 @@ def whisper_decoder(size="tiny", cache=200, vocab=51865, name=None):
     ids = b.input("input_ids", (1, 1), "i32")
     mask = b.input("attention_mask", (1, 1, 1, cache))
     pos = b.input("position", (1, 1, d))      # the positional embedding row of this step
-    x = b.add(embed(b, ids, vocab, d), pos)
+    x = b.reshape(b.add(embed(b, ids, vocab, d), pos), [1, 1, 1, d])
     outs = []
+
+    def per_head(cache_in):  # (h, 1, ...) -> h x (1, 1, ...)
+        return b.node("split", [cache_in, b.ints([1] * h)], n_out=h, axis=0)
     for i in range(layers):
-        pk = b.input(f"k_cache_self_{i}", (1, h, hd, cache - 1))
-        pv = b.input(f"v_cache_self_{i}", (1, h, cache - 1, hd))
-        ck = b.input(f"k_cache_cross_{i}", (1, h, hd, 1500))
-        cv = b.input(f"v_cache_cross_{i}", (1, h, 1500, hd))
-        y = b.layer_norm(x)
-        q, k, v = heads(b, b.linear(y, d), h), keys(b, b.linear(y, d, bias=False), h), heads(b, b.linear(y, d), h)
-        outs += [k, v]
-        att = attend(b, q, b.concat([pk, k], axis=3), b.concat([pv, v], axis=2), mask)
-        x = b.add(x, b.linear(merge(b, att), d))
-        q = heads(b, b.linear(b.layer_norm(x), d), h)
-        x = b.add(x, b.linear(merge(b, attend(b, q, ck, cv)), d))
-        x = b.add(x, mlp(b, b.layer_norm(x), 4 * d))
-    logits = b.node("matmul", [b.layer_norm(x), b.weight((d, vocab), 0.02, "emb_t")])
+        pk = b.input(f"k_cache_self_{i}", (h, 1, hd, cache - 1))
+        pv = b.input(f"v_cache_self_{i}", (h, 1, cache - 1, hd))
+        ck = b.input(f"k_cache_cross_{i}", (h, 1, hd, 1500))
+        cv = b.input(f"v_cache_cross_{i}", (h, 1, 1500, hd))
+        q, k, v = _sha(b, _tokens_map(b, b.layer_norm(x)), h, k_bias=False)
+        k = [b.concat([p, n], axis=3) for p, n in zip(per_head(pk), k)]
+        v = [b.concat([p, n], axis=2) for p, n in zip(per_head(pv), v)]
+        outs += [b.node("slice", [b.concat(k, axis=0), b.ints([1]), b.ints([cache]), b.ints([3])]),
+                 b.node("slice", [b.concat(v, axis=0), b.ints([1]), b.ints([cache]), b.ints([2])])]
+        x = b.add(x, b.transpose(b.conv(_sha_out(b, q, k, v, mask), d, 1), [0, 2, 3, 1]))
+        y = _tokens_map(b, b.layer_norm(x))
+        q = [b.transpose(b.conv(y, hd, 1), [0, 2, 3, 1]) for _ in range(h)]
+        x = b.add(x, b.transpose(b.conv(_sha_out(b, q, per_head(ck), per_head(cv)), d, 1), [0, 2, 3, 1]))
+        x = _ffn(b, x, 4 * d)
+    logits = b.conv(_tokens_map(b, b.layer_norm(x)), vocab, 1, bias=False)        # (1, vocab, 1, 1)
     return b.output(logits, *outs)
 
 
