@@ -8,8 +8,7 @@
  *     c = f * c + i * c~;   h = o * tanh(c)
  * Why C: silero-vad runs one 128-wide step per 512-sample chunk, and the NumPy form of that
  * step is ~10 calls (~25 us warm, several times that after the 30 ms idle of a streaming
- * caller); here it is one call. h @ R^T walks R^T (H, 4H, row-major) in slabs of 64 columns
- * held in 8 accumulators, so each h[k] broadcast feeds 8 FMAs. */
+ * caller); here it is one call. h @ R^T reads R^T as panels of 8 columns (vecmat). */
 #define _POSIX_C_SOURCE 200809L  /* clock_gettime (par.h) under -std=c11 */
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +16,38 @@
 
 #define SLAB 64  /* gate columns per accumulator block: 8 ymm */
 
-/* One direction over steps [s0, s1) of S, for a batch of B. proj (S, B, 4H); rt = R^T (H, 4H);
+/* out[j0:j1] = (init ? init[j] : 0) + sum_k h[k] * R^T[k, j]: a vector-matrix product over
+ * columns [j0, j1) of R^T (H rows), j0 and j1 - j0 multiples of 8, with R^T stored as panels of
+ * 8 columns (rtp: (G / 8, H, 8), rtp[p][k][c] = R[8p + c][k]: ops/recurrent.py _panels), in slabs of SLAB columns: 8 accumulators,
+ * so each h[k] broadcast feeds 8 FMAs, each reading its own panel front to back. (R^T row-major
+ * read a slab as H rows of 256 bytes 16 KB apart at H = 512: a new page every row or two, and
+ * 1.4x ONNX Runtime's LSTM time on ddddocr's 512-wide layer; panels are 8 sequential streams.) */
+static void vecmat(const float *init, const float *h, const float *rtp, int H, int j0, int j1, float *out)
+{
+    const __m256 zero = _mm256_setzero_ps();
+    for (int j = j0; j < j1; j += SLAB) {
+        int w = j1 - j < SLAB ? j1 - j : SLAB, nv = w / 8;
+        __m256 acc[8];
+        for (int v = 0; v < 8; v++) acc[v] = v < nv ? (init ? _mm256_loadu_ps(init + j + 8 * v) : zero) : zero;
+        const float *r = rtp + (long)(j / 8) * H * 8;  /* panel v of the slab: r + v * H * 8 */
+        const long ps = (long)H * 8;
+        if (nv == 8) {  /* a full slab: the constant bound lets gcc keep all 8 in registers */
+            for (int k = 0; k < H; k++, r += 8) {
+                __m256 hk = _mm256_broadcast_ss(h + k);
+                for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + v * ps), acc[v]);
+            }
+        } else {
+            for (int k = 0; k < H; k++, r += 8) {
+                __m256 hk = _mm256_broadcast_ss(h + k);
+                for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + v * ps), acc[v]);
+            }
+        }
+        for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + j + 8 * v, acc[v]);
+    }
+}
+
+/* One direction over steps [s0, s1) of S, for a batch of B. proj (S, B, 4H); rt = R^T (H, 4H) as
+ * panels (vecmat);
  * h, c (B, H) the states, overwritten with the ones after step s1 - 1; y: step t's h goes to
  * y + t * ys (B rows of H, row pitch H). reverse: step s is time S-1-s. 4H must be a multiple of
  * 8. Steps [0, S) in one call or in ranges one after the other (pieces of the node, issue L)
@@ -29,30 +59,12 @@ int npr_lstm_f32(const float *proj, const float *rt, float *h, float *c, float *
     if (G % 8) return -2;
     float *g = aligned_alloc(32, sizeof(float) * (size_t)((G + 7) & ~7));
     if (!g) return -1;
-    const __m256 zero = _mm256_setzero_ps();
     for (int s = s0; s < s1; s++) {
         int t = reverse ? S - 1 - s : s;
         for (int b = 0; b < B; b++) {
             const float *p = proj + ((long)t * B + b) * G;
             float *hb = h + (long)b * H, *cb = c + (long)b * H;
-            for (int j = 0; j < G; j += SLAB) {
-                int w = G - j < SLAB ? G - j : SLAB, nv = w / 8;
-                __m256 acc[8];
-                for (int v = 0; v < 8; v++) acc[v] = v < nv ? _mm256_loadu_ps(p + j + 8 * v) : zero;
-                const float *r = rt + j;
-                if (nv == 8) {  /* a full slab: the constant bound lets gcc keep all 8 in registers */
-                    for (int k = 0; k < H; k++, r += G) {
-                        __m256 hk = _mm256_broadcast_ss(hb + k);
-                        for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + 8 * v), acc[v]);
-                    }
-                } else {
-                    for (int k = 0; k < H; k++, r += G) {
-                        __m256 hk = _mm256_broadcast_ss(hb + k);
-                        for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + 8 * v), acc[v]);
-                    }
-                }
-                for (int v = 0; v < nv; v++) _mm256_store_ps(g + j + 8 * v, acc[v]);
-            }
+            vecmat(p, hb, rt, H, 0, G, g);
             /* the gates of all H units are in g: now the state may change */
             int k = 0;
             for (; k + 8 <= H; k += 8) {
@@ -81,36 +93,10 @@ int npr_lstm_f32(const float *proj, const float *rt, float *h, float *c, float *
     return 0;
 }
 
-/* out[j0:j1] = (init ? init[j] : 0) + sum_k h[k] * rt[k * ld + j]: a vector-matrix product over
- * columns [j0, j1) of rt (H rows, row pitch ld), in slabs of SLAB columns; j1 - j0 a multiple
- * of 8. */
-static void vecmat(const float *init, const float *h, const float *rt, int H, int ld, int j0, int j1, float *out)
-{
-    const __m256 zero = _mm256_setzero_ps();
-    for (int j = j0; j < j1; j += SLAB) {
-        int w = j1 - j < SLAB ? j1 - j : SLAB, nv = w / 8;
-        __m256 acc[8];
-        for (int v = 0; v < 8; v++) acc[v] = v < nv ? (init ? _mm256_loadu_ps(init + j + 8 * v) : zero) : zero;
-        const float *r = rt + j;
-        if (nv == 8) {
-            for (int k = 0; k < H; k++, r += ld) {
-                __m256 hk = _mm256_broadcast_ss(h + k);
-                for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + 8 * v), acc[v]);
-            }
-        } else {
-            for (int k = 0; k < H; k++, r += ld) {
-                __m256 hk = _mm256_broadcast_ss(h + k);
-                for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(hk, _mm256_loadu_ps(r + 8 * v), acc[v]);
-            }
-        }
-        for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + j + 8 * v, acc[v]);
-    }
-}
-
 /* The GRU recurrence, float32, ONNX's default activations (sigmoid for z, r; tanh for the
  * candidate), no clip; H a multiple of 8. proj (S, B, 3H): every step's x W^T plus the biases
- * (z, r: Wb + Rb; candidate: Wbh, plus Rbh unless linear_before_reset); rt = R^T (H, 3H) with
- * column blocks z, r, h; rbh: the candidate's recurrent bias (linear_before_reset), or NULL.
+ * (z, r: Wb + Rb; candidate: Wbh, plus Rbh unless linear_before_reset); rt = R^T (H, 3H) as panels
+ * (vecmat), column blocks z, r, h; rbh: the candidate's recurrent bias (linear_before_reset), or NULL.
  *     z, r = sigmoid(proj[:2H] + h R_zr^T)
  *     c~ = tanh(proj[2H:] + r * (h R_h^T + Rbh))      (linear_before_reset, PyTorch's form)
  *     c~ = tanh(proj[2H:] + (r * h) R_h^T)            (otherwise)
@@ -129,16 +115,16 @@ int npr_gru_f32(const float *proj, const float *rt, const float *rbh, float *h, 
             const float *p = proj + ((long)t * B + b) * G;
             float *hb = h + (long)b * H;
             if (lbr) {  /* one product for all three blocks: they all read h */
-                vecmat(NULL, hb, rt, H, G, 0, G, g);
+                vecmat(NULL, hb, rt, H, 0, G, g);
             } else {
-                vecmat(NULL, hb, rt, H, G, 0, 2 * H, g);
+                vecmat(NULL, hb, rt, H, 0, 2 * H, g);
             }
             for (int k = 0; k < 2 * H; k += 8)  /* z, r */
                 _mm256_store_ps(g + k, npr_sigmoid(_mm256_add_ps(_mm256_load_ps(g + k), _mm256_loadu_ps(p + k))));
             if (!lbr) {  /* (r * h) R_h^T */
                 for (int k = 0; k < H; k += 8)
                     _mm256_store_ps(rh + k, _mm256_mul_ps(_mm256_load_ps(g + H + k), _mm256_loadu_ps(hb + k)));
-                vecmat(NULL, rh, rt + 2 * H, H, G, 0, H, g + 2 * H);
+                vecmat(NULL, rh, rt, H, 2 * H, 3 * H, g);
             }
             for (int k = 0; k < H; k += 8) {
                 __m256 z = _mm256_load_ps(g + k), r = _mm256_load_ps(g + H + k), hr = _mm256_load_ps(g + 2 * H + k);

@@ -146,7 +146,7 @@ def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threa
     flat = np.ascontiguousarray(x).reshape(seq * batch, size)
     y = np.empty((seq, dirs, batch, hid), np.float32)
     hs, cs = _state(initial_h, (dirs, batch, hid)), _state(initial_c, (dirs, batch, hid))
-    rts = _transposed(r)
+    rts = _panels(r)
     projs = []
     for d in range(dirs):  # (S*B, 4H), every step's input projection in one product
         projs.append(_project(flat, w, d, None if b is None else b[d, :4 * hid] + b[d, 4 * hid:], threads))
@@ -168,7 +168,7 @@ def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threa
     return y, hs, cs
 
 
-_RT: dict = {}  # id(R) -> (R, [R[d]^T contiguous]): the constants are the same arrays every run
+_RT: dict = {}  # id(W) -> (W, [W[d]^T contiguous]): the constants are the same arrays every run
 _ZERO = np.zeros(1, np.float32)
 
 
@@ -219,6 +219,21 @@ def _transposed(r):
     return hit[1]
 
 
+def _panels(r):
+    """R (dirs, G, H) as the C recurrences read it: per direction R^T in panels of 8 columns,
+    (G / 8, H, 8), so a step's h @ R^T streams each panel front to back (csrc/recurrent.c
+    vecmat). Made once per weight: the constants are the same arrays every run."""
+    hit = _PANELS.get(id(r))
+    if hit is None or hit[0] is not r:
+        if len(_PANELS) >= 16:
+            _PANELS.pop(next(iter(_PANELS)))
+        g, h = r.shape[1], r.shape[2]
+        hit = _PANELS[id(r)] = (r, [np.ascontiguousarray(r[d].reshape(g // 8, 8, h).transpose(0, 2, 1), np.float32)
+                                    for d in range(r.shape[0])])
+    return hit[1]
+
+
+_PANELS: dict = {}  # id(R) -> (R, its panels per direction)
 _LIB = native.LIB  # (signatures: native.py)
 
 
@@ -278,7 +293,7 @@ def _gru_native(x, w, r, b, initial_h, hid, direction, layout, lbr, threads=1):
     flat = np.ascontiguousarray(x).reshape(seq * batch, size)
     y = np.empty((seq, dirs, batch, hid), np.float32)
     hs = _state(initial_h, (dirs, batch, hid))
-    rts = _transposed(r)
+    rts = _panels(r)
     projs, rbhs = [], []
     for d in range(dirs):
         rbh = bias = None
