@@ -44,6 +44,8 @@ def test_shipped_devices_load():
     ('int8 = 16384\nint8_acc16', 'int8 = -1\nint8_acc16', "compute_units[0].macs_per_cycle.int8"),
     ('recovery_c = 70.0', 'recovery_c = 90.0', "thermal"),
     ('matrix_efficiency = { int8', 'matrix_efficiency = { int16 = 0.5, int8', "calibration.matrix_efficiency.int16"),
+    ('dispatch_width = 6', 'dispatch_width = 0', "overheads.dispatch_width"),
+    ('dispatch_width = 6', 'dispatch_width = 2.5', "overheads.dispatch_width"),
 ])
 def test_bad_device_field_names_file_and_key(tmp_path, old, new, key):
     text = DEVICE_TOML.read_text()
