@@ -178,9 +178,13 @@ class _Threads:  # (what matmul.linear reads of a program)
 
 
 def _project(flat, w, d, bias, threads):
-    """flat @ w[d]^T (+ bias), float32 and contiguous: NumPy's BLAS; in a replayed program
-    (native.CALLS) the packed sgemm on w[d]^T packed once, the bias in its epilogue."""
-    if native.CALLS.cheap and w.dtype == np.float32:
+    """flat @ w[d]^T (+ bias), float32 and contiguous: the packed sgemm on w[d]^T packed once,
+    on the program's threads, the bias in its epilogue; NumPy's BLAS for other dtypes. (NumPy's
+    BLAS is held to one thread inside a run: ddddocr's two (20 x 512) @ (512 x 2048) projections
+    took 2 ms of a 4 ms LSTM at 2 threads that way.) Under PACKED_MIN_MACS NumPy's BLAS, whose
+    call costs less (silero-vad's one-step 128-wide projection: 1.12x the run at 2 threads by
+    the packed path), except in a recorded program (native.CALLS), whose replay needs C calls."""
+    if w.dtype == np.float32 and (native.CALLS.cheap or flat.shape[0] * w.shape[1] * w.shape[2] >= PACKED_MIN_MACS):
         wt = _transposed(w)[d]
         packs = _PACKS.get(id(wt))
         if packs is None or packs[0] is not wt:
@@ -197,6 +201,7 @@ def _project(flat, w, d, bias, threads):
 
 
 _PACKS: dict = {}  # id(w[d]^T) -> (it, its packed copy's cache)
+PACKED_MIN_MACS = 1 << 20  # an input projection this big goes to the packed sgemm on the program's threads
 
 
 def _state(initial, shape):
