@@ -3,6 +3,7 @@ sgemm kernel that is one of the candidates, against the reference conv on fresh 
 Timings are never asserted: the choice is driven by a fake clock where a test needs a given one."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -457,6 +458,35 @@ def test_a_near_tie_keeps_the_rule(rng, fresh, monkeypatch):
     fake_clock(monkeypatch, {"rule": 1.0, "gemm": 0.95})  # 5% faster: within MARGIN
     nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 1, {})
     assert list(convtune.choices().values()) == ["rule"]
+
+
+def test_a_choice_another_process_wrote_after_this_one_read_the_file_is_used(rng, fresh, monkeypatch, tmp_path):
+    """Two processes of one machine (a Ray worker and its driver): this one has read the file
+    and measured shape A; the other then writes its pick for shape B (and another for A). This
+    one's first call of B runs the other's pick, unmeasured, so both give the same bits; its
+    own choice for A stays as it was."""
+    (xa, wa, aa), (xb, wb, ab) = [(nonzero_normal(rng, xs), nonzero_normal(rng, ws), a) for xs, ws, a in TUNED[:2]]
+    fake_clock(monkeypatch, {"rule": 1.0, "gemm": 0.5})
+    nativeconv.conv2d(xa, wa, None, _attrs(aa), None, {}, 1, {})
+    (key_a, pick_a), = convtune.choices().items()
+    # B's key, as the other process would write it (measured against a file of its own)
+    monkeypatch.setattr(convtune, "_choices", {})
+    monkeypatch.setattr(convtune, "_loaded", [])
+    monkeypatch.setenv("NPURUN_CONV_TUNE_FILE", str(tmp_path / "other.json"))
+    nativeconv.conv2d(xb, wb, None, _attrs(ab), None, {}, 1, {})
+    (key_b, _), = convtune.choices().items()
+    # back to this process as it was (A measured, the file read), then the other one's write
+    monkeypatch.setattr(convtune, "_choices", {key_a: pick_a})
+    monkeypatch.setattr(convtune, "_loaded", [fresh, convtune._stamp(fresh)])
+    monkeypatch.setenv("NPURUN_CONV_TUNE_FILE", str(fresh))
+    other = {key_a: "flat" if pick_a != "flat" else "direct", key_b: "flat"}
+    time.sleep(0.01)  # (a new mtime on coarse clocks)
+    fresh.write_text(json.dumps({"machines": {convtune.machine(): other}}))
+    seen = fake_clock(monkeypatch, {"rule": 1.0, "direct": 0.4})
+    y = nativeconv.conv2d(xb, wb, None, _attrs(ab), None, {}, 1, {})
+    assert seen == [] and convtune.choices()[key_b] == "flat"  # the other's pick, not measured again
+    np.testing.assert_array_equal(y, nativeconv.conv2d(xb, wb, None, _attrs(ab), None, {}, 1, {}, algo="flat"))
+    assert convtune.choices()[key_a] == pick_a  # this process's own: unchanged
 
 
 def test_choices_persist_for_later_processes(rng, fresh, monkeypatch):

@@ -24,7 +24,10 @@ kernels within the timing noise) would make the same model give outputs that dif
 last bits between two runs of `npurun run`. So the choices are kept in a file per user,
 `~/.cache/npurun/convtune.json` (`NPURUN_CONV_TUNE_FILE` elsewhere), under this machine's
 name: a shape measured once is run with that kernel by every later process on this machine
-(which also skips the measuring: a server's restart starts as fast as before). A kernel
+(which also skips the measuring: a server's restart starts as fast as before), and by the
+processes running beside it: before measuring a shape it has not seen, a process reads what
+the others have written since it last read the file (`_refresh`: a Ray worker's choices reach
+its driver; a test once saw a Ray job's output differ from a local run's by 1 in one pixel). A kernel
 replaces the rule's pick only when it is at least MARGIN faster, so a near-tie keeps the rule.
 A missing, unreadable or foreign file is measured afresh and rewritten (atomically);
 `choices()` lists this process's view (tests, bench/convtune_ab.py).
@@ -109,10 +112,31 @@ def _file(p: Path) -> dict:
 
 def _load() -> None:
     p = path()
-    if _loaded != [p]:
+    if _loaded[:1] != [p]:
         _choices.clear()
         _choices.update(_file(p)["machines"].get(machine(), {}))
-        _loaded[:] = [p]
+        _loaded[:] = [p, _stamp(p)]
+
+
+def _stamp(p: Path):
+    try:
+        st = p.stat()
+        return st.st_mtime_ns, st.st_size
+    except OSError:
+        return None
+
+
+def _refresh() -> None:
+    """Before measuring a shape this process has not seen: the choices other processes have
+    written to the file since it was read (a Ray worker, a server's other process), so that a
+    shape measured anywhere on this machine runs with one kernel, and the same bits, in every
+    process. This process's own choices stay as they are."""
+    p = path()
+    stamp = _stamp(p)
+    if _loaded[1:] != [stamp]:
+        for k, v in _file(p)["machines"].get(machine(), {}).items():
+            _choices.setdefault(k, v)
+        _loaded[:] = [p, stamp]
 
 
 def _save(key: str, algo: str) -> None:
@@ -120,12 +144,16 @@ def _save(key: str, algo: str) -> None:
     added its own meanwhile). A file that cannot be written leaves the choice in memory."""
     p = path()
     data = _file(p)
-    data["machines"].setdefault(machine(), {})[key] = algo
+    mine = data["machines"].setdefault(machine(), {})
+    mine[key] = algo
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(p, json.dumps(data, indent=1, sort_keys=True).encode())
     except OSError:
-        pass
+        return
+    for k, v in mine.items():  # what the others wrote meanwhile is read with it: no re-read
+        _choices.setdefault(k, v)
+    _loaded[:] = [p, _stamp(p)]
 
 
 def choices() -> dict[str, str]:
@@ -180,6 +208,8 @@ def choose(key: tuple, flops: float, cands: list, run) -> tuple[str, bool]:
     k = repr(key)
     with _lock:
         _load()
+        if k not in _choices:
+            _refresh()
         if k in _choices:
             return _choices[k], True
     if pieces.wanted():
