@@ -150,10 +150,16 @@ def _sha(b: Builder, x, h: int, k_bias=True, queries=True):
     q k (1, 1, hd, T), values (1, 1, T, hd). (The (1, 1, T, .) <-> (1, ., 1, T) permutes are the
     NCHW <-> NHWC relabels an NPU's converter drops.)"""
     hd = b.shape(x)[1] // h
-    q = [b.transpose(b.conv(x, hd, 1), [0, 2, 3, 1]) for _ in range(h)] if queries else None
+    q = [_proj(b, x, hd) for _ in range(h)] if queries else None
     k = [b.transpose(b.conv(x, hd, 1, bias=k_bias), [0, 2, 1, 3]) for _ in range(h)]
-    v = [b.transpose(b.conv(x, hd, 1), [0, 2, 3, 1]) for _ in range(h)]
+    v = [_proj(b, x, hd) for _ in range(h)]
     return q, k, v
+
+
+def _proj(b: Builder, x, n: int):
+    """A linear layer as AI Hub writes it: a 1x1 conv on the (1, d, 1, T) map, back to (1, 1, T, n)
+    tokens."""
+    return b.transpose(b.conv(x, n, 1), [0, 2, 3, 1])
 
 
 def _sha_out(b: Builder, q, k, v, mask=None):
@@ -176,8 +182,7 @@ def _tokens_map(b: Builder, x):
 def _ffn(b: Builder, x, hidden: int):
     """LayerNorm, fc1 + GELU, fc2 as 1x1 convs on (1, 1, T, d) tokens."""
     d = b.shape(x)[-1]
-    y = b.conv(b.node("gelu", [b.conv(_tokens_map(b, b.layer_norm(x)), hidden, 1)]), d, 1)
-    return b.add(x, b.transpose(y, [0, 2, 3, 1]))
+    return b.add(x, _proj(b, b.node("gelu", [b.conv(_tokens_map(b, b.layer_norm(x)), hidden, 1)]), d))
 
 
 def whisper_encoder(size="tiny", cross_kv=True, name=None):
@@ -196,7 +201,7 @@ def whisper_encoder(size="tiny", cross_kv=True, name=None):
     x = b.add(b.transpose(x, [0, 2, 3, 1]), b.weight((1500, d), 0.02, "pos"))       # (1, 1, 1500, d)
     for _ in range(layers):
         q, k, v = _sha(b, _tokens_map(b, b.layer_norm(x)), h)
-        x = b.add(x, b.transpose(b.conv(_sha_out(b, q, k, v), d, 1), [0, 2, 3, 1]))
+        x = b.add(x, _proj(b, _sha_out(b, q, k, v), d))
         x = _ffn(b, x, 4 * d)
     x = _tokens_map(b, b.layer_norm(x))
     if not cross_kv:
@@ -238,10 +243,10 @@ def whisper_decoder(size="tiny", cache=200, vocab=51865, name=None):
         v = [b.concat([p, n], axis=2) for p, n in zip(per_head(pv), v)]
         outs += [b.node("slice", [b.concat(k, axis=0), b.ints([1]), b.ints([cache]), b.ints([3])]),
                  b.node("slice", [b.concat(v, axis=0), b.ints([1]), b.ints([cache]), b.ints([2])])]
-        x = b.add(x, b.transpose(b.conv(_sha_out(b, q, k, v, mask), d, 1), [0, 2, 3, 1]))
+        x = b.add(x, _proj(b, _sha_out(b, q, k, v, mask), d))
         y = _tokens_map(b, b.layer_norm(x))
-        q = [b.transpose(b.conv(y, hd, 1), [0, 2, 3, 1]) for _ in range(h)]
-        x = b.add(x, b.transpose(b.conv(_sha_out(b, q, per_head(ck), per_head(cv)), d, 1), [0, 2, 3, 1]))
+        q = [_proj(b, y, hd) for _ in range(h)]
+        x = b.add(x, _proj(b, _sha_out(b, q, per_head(ck), per_head(cv)), d))
         x = _ffn(b, x, 4 * d)
     logits = b.conv(_tokens_map(b, b.layer_norm(x)), vocab, 1, bias=False)        # (1, vocab, 1, 1)
     return b.output(logits, *outs)

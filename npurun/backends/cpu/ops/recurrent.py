@@ -168,7 +168,7 @@ def _lstm_native(x, w, r, b, initial_h, initial_c, hid, direction, layout, threa
     return y, hs, cs
 
 
-_RT: dict = {}  # id(W) -> (W, [W[d]^T contiguous]): the constants are the same arrays every run
+_RT: dict = {}  # id(W) -> (W, [W[d]^T contiguous])
 _ZERO = np.zeros(1, np.float32)
 
 
@@ -181,17 +181,14 @@ def _project(flat, w, d, bias, threads):
     """flat @ w[d]^T (+ bias), float32 and contiguous: the packed sgemm on w[d]^T packed once,
     on the program's threads, the bias in its epilogue; NumPy's BLAS for other dtypes. (NumPy's
     BLAS is held to one thread inside a run: ddddocr's two (20 x 512) @ (512 x 2048) projections
-    took 2 ms of a 4 ms LSTM at 2 threads that way.) Under PACKED_MIN_MACS NumPy's BLAS, whose
-    call costs less (silero-vad's one-step 128-wide projection: 1.12x the run at 2 threads by
-    the packed path), except in a recorded program (native.CALLS), whose replay needs C calls."""
+    took 2 ms of a 4 ms LSTM at 2 threads that way.) Under PACKED_MIN_MACS products stay on
+    NumPy's BLAS as before, no gain having been measured there (silero-vad's one-step 128-wide
+    projection: A/B runs swung 0.81-1.23 either way), except in a recorded program
+    (native.CALLS), whose replay needs C calls."""
     if w.dtype == np.float32 and (native.CALLS.cheap or flat.shape[0] * w.shape[1] * w.shape[2] >= PACKED_MIN_MACS):
         wt = _transposed(w)[d]
-        packs = _PACKS.get(id(wt))
-        if packs is None or packs[0] is not wt:
-            if len(_PACKS) >= 16:
-                _PACKS.pop(next(iter(_PACKS)))
-            packs = _PACKS[id(wt)] = (wt, {})
-        y = MM.linear(_Threads(threads), flat, wt, packs[1], () if bias is None else (bias.astype(np.float32),))
+        packs = _derived(_PACKS, wt, lambda wt: {})
+        y = MM.linear(_Threads(threads), flat, wt, packs, () if bias is None else (bias.astype(np.float32),))
         if y is not None:
             return y
     proj = flat @ w[d].T
@@ -200,7 +197,7 @@ def _project(flat, w, d, bias, threads):
     return np.ascontiguousarray(proj, np.float32)
 
 
-_PACKS: dict = {}  # id(w[d]^T) -> (it, its packed copy's cache)
+_PACKS: dict = {}  # id(w[d]^T) -> (it, its packed copy's cache: matmul.linear's)
 PACKED_MIN_MACS = 1 << 20  # an input projection this big goes to the packed sgemm on the program's threads
 
 
@@ -215,27 +212,29 @@ def _state(initial, shape):
     return np.zeros(shape, np.float32) if initial is None else np.array(initial, np.float32, order="C")
 
 
-def _transposed(r):
-    hit = _RT.get(id(r))
-    if hit is None or hit[0] is not r:
-        if len(_RT) >= 16:
-            _RT.pop(next(iter(_RT)))
-        hit = _RT[id(r)] = (r, [np.ascontiguousarray(r[d].T, np.float32) for d in range(r.shape[0])])
+def _derived(table: dict, arr, make):
+    """make(arr), kept in `table` under id(arr) while arr is alive (the constants are the same
+    arrays every run); at most 16 per table, the oldest let go first."""
+    hit = table.get(id(arr))
+    if hit is None or hit[0] is not arr:
+        if len(table) >= 16:
+            table.pop(next(iter(table)))
+        hit = table[id(arr)] = (arr, make(arr))
     return hit[1]
+
+
+def _transposed(w):
+    """W[d]^T contiguous, per direction."""
+    return _derived(_RT, w, lambda w: [np.ascontiguousarray(w[d].T, np.float32) for d in range(w.shape[0])])
 
 
 def _panels(r):
     """R (dirs, G, H) as the C recurrences read it: per direction R^T in panels of 8 columns,
     (G / 8, H, 8), so a step's h @ R^T streams each panel front to back (csrc/recurrent.c
-    vecmat). Made once per weight: the constants are the same arrays every run."""
-    hit = _PANELS.get(id(r))
-    if hit is None or hit[0] is not r:
-        if len(_PANELS) >= 16:
-            _PANELS.pop(next(iter(_PANELS)))
-        g, h = r.shape[1], r.shape[2]
-        hit = _PANELS[id(r)] = (r, [np.ascontiguousarray(r[d].reshape(g // 8, 8, h).transpose(0, 2, 1), np.float32)
-                                    for d in range(r.shape[0])])
-    return hit[1]
+    vecmat)."""
+    g, h = r.shape[1], r.shape[2]
+    return _derived(_PANELS, r, lambda r: [np.ascontiguousarray(r[d].reshape(g // 8, 8, h).transpose(0, 2, 1),
+                                                                np.float32) for d in range(r.shape[0])])
 
 
 _PANELS: dict = {}  # id(R) -> (R, its panels per direction)
