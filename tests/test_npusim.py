@@ -172,6 +172,9 @@ def test_fit_follows_the_rows_a_model_explains_not_an_outlier():
     clean = np.delete(np.abs(err), 3)
     assert np.median(clean) < 0.02 and clean.max() < 0.1, err
     assert err[3] < -0.7  # the 5x row is left where the others put it
+    # the overheads are tied: one per graph, an op's per byte of activation (calibrate.ACT_BYTES)
+    assert got["op_us_fp16"] == pytest.approx(2 * got["op_us_int8"]) and got["op_us_a16"] == got["op_us_fp16"]
+    assert got["graph_us_int8"] == got["graph_us_fp16"] == got["graph_us_a16"]
 
 
 def test_dram_share_cap_is_the_bus_peak():

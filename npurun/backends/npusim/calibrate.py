@@ -2,7 +2,8 @@
 
 The free parameters are the calibrated ones of a device file: the matrix unit's efficiency
 per precision family (share of peak on full tiles), the vector units' efficiency, and the
-per-op and per-graph overheads per precision family. Everything else (MACs per cycle, tiles,
+per-op and per-graph overheads (one per precision family in a device file; the fit ties them:
+one graph overhead, and an op overhead per byte of activation, see ACT_BYTES). Everything else (MACs per cycle, tiles,
 bandwidths, placement, fusion) is fixed by the device description and the graph.
 
 A node's time is max(c, m) + min(c, m) / p + o with c = c1 / efficiency (c1: compute time at
@@ -33,6 +34,15 @@ PARAMS = ("matrix_eff_int8", "matrix_eff_fp16", "matrix_eff_a16", "dynamic_eff",
 # Parameters that are shares of a peak: kept in (0, 1] (dram_share in (0, dram_share_cap]).
 SHARES = ("matrix_eff_int8", "matrix_eff_fp16", "matrix_eff_a16", "dynamic_eff", "vector_eff", "depthwise_eff",
           "softmax_eff", "dram_share")
+# The fit ties the overheads across families (the device model keeps one per family): a graph's
+# launch and sync cost one `graph_us` at every precision, and an op's dispatch costs `op_us`
+# per byte of its activations (ACT_BYTES). Fitted freely per family the overheads came out at
+# that shape by themselves (op 4.6 / 8.6 / 9.5 us for int8 / fp16 / a16, graph 235 / 255 / 266
+# us), but the a16 family's were pinned by its few rows; tied, held out, all rows 11.6 -> 8.9%
+# and w8a16 15.3 -> 7.6% (docs/npusim.md, "Night of 2026-12-05").
+ACT_BYTES = {"int8": 1, "fp16": 2, "a16": 2}
+FIT_PARAMS = ("matrix_eff_int8", "matrix_eff_fp16", "matrix_eff_a16", "dynamic_eff", "vector_eff", "depthwise_eff",
+              "softmax_eff", "op_us_per_byte", "graph_us", "dram_share")
 # AI Hub precision name -> the device precision npusim times it at.
 PREC = {"float": "fp16", "w8a8": "int8", "w8a16": "w8a16", "w4a16": "w4a16"}
 
@@ -206,14 +216,25 @@ def dram_share_cap(dev: Device) -> float:
     return 1 + dev.dram.bandwidth_gbps * 1e9 * dev.setup_cycles / (dev.burst_bytes * f * dev.dma_engines)
 
 
+def tied(prm: dict) -> dict:
+    """The per-family overheads of the fit's two tied ones (FIT_PARAMS)."""
+    out = {k: v for k, v in prm.items() if k not in ("op_us_per_byte", "graph_us")}
+    for f in FAMILIES:
+        out[f"op_us_{f}"] = prm["op_us_per_byte"] * ACT_BYTES[f]
+        out[f"graph_us_{f}"] = prm["graph_us"]
+    return out
+
+
 def fit(rows: list[tuple[Decomposed, float]], start: dict, dram_cap: float = 1.0) -> dict:
-    """Minimizes `_loss` over the rows; shares kept in (0, 1] (dram_share in (0, dram_cap]),
-    overheads >= 0. Parameters of a precision family no row has, and of a kind of node no row
-    has, keep their start values."""
+    """Minimizes `_loss` over the rows with the overheads tied (FIT_PARAMS); shares kept in
+    (0, 1] (dram_share in (0, dram_cap]), overheads >= 0. The matrix efficiency of a precision
+    family no row has, and the efficiency of a kind of node no row has, keep their start values;
+    the tied overheads start from the int8 family's."""
     stack = Stack([d for d, _ in rows])
     y = np.array([t for _, t in rows])
     have = {d.precision for d, _ in rows}
-    free = [k for k in PARAMS if k.rsplit("_", 1)[1] not in FAMILIES or k.rsplit("_", 1)[1] in have]
+    start = {**start, "op_us_per_byte": start["op_us_int8"] / ACT_BYTES["int8"], "graph_us": start["graph_us_int8"]}
+    free = [k for k in FIT_PARAMS if not k.startswith("matrix_eff_") or k.rsplit("_", 1)[1] in have]
     for key, kind in (("dynamic_eff", 2), ("depthwise_eff", 3), ("softmax_eff", 4)):
         if not any((d.kind == kind).any() for d, _ in rows):  # no attention / depthwise / softmax
             free.remove(key)
@@ -224,7 +245,7 @@ def fit(rows: list[tuple[Decomposed, float]], start: dict, dram_cap: float = 1.0
     def unpack(x):
         prm = dict(start)
         prm.update(zip(free, np.exp(x)))
-        return prm
+        return tied(prm)
 
     def f(x):
         prm = unpack(x)
@@ -289,4 +310,4 @@ def load_rows(csv_path, names: dict, precisions=("float", "w8a8", "w8a16")) -> l
 
 
 __all__ = ["Decomposed", "Stack", "decompose", "dram_share_cap", "fit", "fit_roofline", "predict", "params_of", "apply_params",
-           "load_rows", "default_params", "PARAMS", "PREC", "FAMILIES", "graph_overhead_s"]
+           "load_rows", "default_params", "tied", "PARAMS", "FIT_PARAMS", "ACT_BYTES", "PREC", "FAMILIES", "graph_overhead_s"]
