@@ -101,6 +101,24 @@ def test_kept_where_something_else_reads_it(tmp_path, rng):
     assert all(g.values[n].stored.resident for n in ("w1", "w2", "small"))
 
 
+@pytest.mark.parametrize("rows", [5, "n"])
+def test_a_smaller_weight_is_let_go_where_its_products_are_known_to_be_large(tmp_path, rng, rows):
+    """Under RELEASE_MIN a weight goes too when every product reads it with a known row count
+    too large for NumPy's dot (5 x 512 x 512: 2.6 MFLOP), so nothing reads its array again
+    (ELECTRA-small's 1 MB matrices); with the rows unknown it stays."""
+    w = nonzero_normal(rng, (K, K // 2)) * 0.05  # 0.5 MB
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, K])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "m", [x], [y], [numpy_helper.from_array(w, "w")])
+    p = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), p)
+    g = npurun.load(p)
+    prog, check = _run(g, rng)
+    assert prog._released == (1 if rows == 5 else 0)
+    assert g.values["w"].stored.resident == (rows != 5)
+    check()
+
+
 def test_one_weight_under_two_names_is_packed_once(tmp_path, rng):
     """Identity of a weight (ALBERT's shared layers) imports as the same Stored: one packed
     copy for both MatMuls, and the array let go."""
@@ -239,3 +257,22 @@ def test_a_weight_the_passes_made_comes_back_from_its_panels(tmp_path, rng, kind
     got = made[0].data
     assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
     check()
+
+
+def test_a_weight_folded_into_a_new_one_is_let_go_by_the_pass(tmp_path, rng):
+    """fold_affine makes a new weight of a MatMul's weight times the per-column Mul after it;
+    the original, read by nothing else, is let go right then (not only when the compile ends:
+    both were resident at once, ConvNeXt-T's compile peak), and the folded weight is the
+    float64 product rounded once, block by block as whole."""
+    from npurun.passes.pipeline import prepare
+    w, = _weights(rng)
+    s = nonzero_normal(rng, (N,))
+    p = _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Mul", ["t", "s"], ["y"])],
+              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(s, "s")])
+    g = npurun.load(p)
+    folded = prepare(g, "cpu")
+    assert not g.values["w"].stored.resident
+    (mm,) = [n for n in folded.nodes if n.op in ("matmul", "matmul_add")]
+    np.testing.assert_array_equal(folded.values[mm.inputs[1]].data,
+                                  (w.astype(np.float64) * s.astype(np.float64)).astype(np.float32))
+    _check(g, rng)

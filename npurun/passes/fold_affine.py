@@ -25,7 +25,8 @@ import numpy as np
 from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
 from .match import Chains, in_regions
-from .rewrite import new_const
+from ..ir.stored import let_go
+from .rewrite import new_const, scaled
 
 AFFINE = ("add", "sub", "mul", "div")
 
@@ -134,8 +135,9 @@ def _fold_linear(g: Graph, c: Chains, mm: Node) -> None:
     tag = mm.name or v
     scale = s.reshape(m, 1) if trans_b else s.reshape(1, m)
     # (only adds: the weights stay the very same constant, no second copy)
-    wn = mm.inputs[1] if np.all(s == 1) else \
-        new_const(g, f"{tag}.weight.folded", (w.astype(np.float64) * scale).astype(w.dtype), like=wv)
+    wn = mm.inputs[1] if np.all(s == 1) else new_const(g, f"{tag}.weight.folded", scaled(w, scale), like=wv)
+    if wn != mm.inputs[1] and c.only_readers(mm.inputs[1], [mm]):
+        let_go(wv)  # (its folded copy replaces it)
     b = (0.0 if bias is None else bias.reshape(m).astype(np.float64)) * s + t
     bshape = (m,) if bias is None else bias.shape
     bn = new_const(g, f"{tag}.bias.folded", b.reshape(bshape).astype(w.dtype), like=wv)
@@ -184,8 +186,9 @@ def fold_affine(g: Graph) -> Graph:
         wv = g.values[conv.inputs[1]]
         tag = conv.name or v
         wn = conv.inputs[1] if np.all(s == 1) else \
-            new_const(g, f"{tag}.weight.folded", (w.astype(np.float64) * s.reshape((m,) + (1,) * (w.ndim - 1)))
-                      .astype(w.dtype), like=wv)
+            new_const(g, f"{tag}.weight.folded", scaled(w, s.reshape((m,) + (1,) * (w.ndim - 1))), like=wv)
+        if wn != conv.inputs[1] and c.only_readers(conv.inputs[1], [conv]):
+            let_go(wv)
         bias = (0.0 if b is None else b.astype(np.float64)) * s + t
         bn = new_const(g, f"{tag}.bias.folded", bias.astype(w.dtype), like=g.values[bname] if bname else wv)
         c.replace(chain, Node("conv", [conv.inputs[0], wn, bn], [v], dict(conv.attrs), dict(conv.hints),

@@ -16,7 +16,8 @@ import numpy as np
 
 from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
-from .rewrite import const_data, drop_unused_values, new_const, readers, sole_reader
+from ..ir.stored import let_go
+from .rewrite import const_data, drop_unused_values, new_const, readers, scaled, sole_reader
 
 
 def _foldable(g: Graph, conv: Node | None) -> bool:
@@ -33,14 +34,14 @@ def _fold(g: Graph, conv: Node, bn: Node) -> Node:
     eps = OPS["batch_normalization"].attrs_of(bn)["epsilon"]
     s = scale / np.sqrt(var + eps)
     wv = g.values[conv.inputs[1]]
-    w = wv.data.astype(np.float64)
+    w = wv.data
     axis = 0 if conv.op == "conv" else 1
-    w = w * s.reshape((1,) * axis + (-1,) + (1,) * (w.ndim - axis - 1))
+    w = scaled(w, s.reshape((1,) * axis + (-1,) + (1,) * (w.ndim - axis - 1)))
     b0 = const_data(g, conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else None
     b = ((0.0 if b0 is None else b0.astype(np.float64)) - mean) * s + bias
     tag = conv.name or bn.outputs[0]
-    wn = new_const(g, f"{tag}.weight.bn", w.astype(wv.data.dtype), like=wv)
-    bn_ = new_const(g, f"{tag}.bias.bn", b.astype(wv.data.dtype),
+    wn = new_const(g, f"{tag}.weight.bn", w, like=wv)
+    bn_ = new_const(g, f"{tag}.bias.bn", b.astype(w.dtype),
                     like=g.values[conv.inputs[2]] if b0 is not None else wv)
     return Node(conv.op, [conv.inputs[0], wn, bn_], list(bn.outputs), dict(conv.attrs), dict(conv.hints),
                 name=conv.name, precision=conv.precision)
@@ -60,6 +61,8 @@ def fold_batchnorm(g: Graph) -> Graph:
                 or len(g.values[n.inputs[0]].shape) < 2 or conv.precision != n.precision:
             continue
         g.nodes[k] = _fold(g, conv, n)  # the folded conv takes the BN's place and output
+        if sole_reader(g, conv.inputs[1], rd) is conv:
+            let_go(g.values[conv.inputs[1]])  # (its folded copy replaces it)
         dropped.add(id(conv))
     g.nodes = [n for n in g.nodes if id(n) not in dropped]
     drop_unused_values(g)

@@ -10,6 +10,8 @@ Passes rewrite a graph in place and return it. Three rules keep every rewrite sa
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir.graph import Graph, Node, Value
 
 
@@ -55,6 +57,18 @@ def new_const(g: Graph, base: str, array, like: Value | None = None) -> str:
     name = unique_name(g, base)
     g.const(name, array, space=like.space if like is not None else "DRAM0")
     return name
+
+
+def scaled(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """w * scale (scale broadcasts to w, its first axis 1 or w's) computed in float64 and
+    rounded once to w's dtype, a block of w's first axis at a time: the float64 temporaries of
+    a whole 9 MB weight were 19 MB each, beside the original and the result."""
+    out = np.empty(w.shape, w.dtype)
+    step = max(1, (1 << 17) // max(1, w[0].size if w.ndim else 1))
+    for i in range(0, w.shape[0], step):
+        sc = scale if scale.shape[0] == 1 else scale[i:i + step]
+        out[i:i + step] = w[i:i + step].astype(np.float64) * sc
+    return out
 
 
 def new_value(g: Graph, base: str, shape, dtype: str, space: str) -> str:

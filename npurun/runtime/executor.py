@@ -22,7 +22,6 @@ planning fails; `cascade=False` turns that off. Other backends run unplanned.
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from collections import OrderedDict
@@ -299,6 +298,7 @@ class Executor:
 
     async def run(self, model, inputs, progress=None, *, priority: int | None = None,
                   timeout: float | None = None) -> dict[str, np.ndarray]:
+        import asyncio  # here, not at the top: asyncio (and the ssl it loads) is ~6 MB of a process's RSS
         fut = self.submit(model, inputs, progress, priority=priority, timeout=timeout)
         try:
             return await asyncio.wrap_future(fut)

@@ -54,13 +54,12 @@ class CpuProgram(Program):
         for nm, v in graph.values.items():
             if isinstance(v.stored, Stored):
                 self._aliases.setdefault(v.stored, []).append(nm)
-            elif isinstance(v.stored, np.ndarray) and v.stored.dtype == np.float32 and v.stored.ndim == 2 \
-                    and v.stored.nbytes >= RELEASE_MIN:
+            elif isinstance(v.stored, np.ndarray) and v.stored.dtype == np.float32 and v.stored.ndim == 2:
                 plain.setdefault(id(v.stored), (v.stored, []))[1].append(nm)
         # Such a weight, if only linear nodes read it, is held by a Stored whose bytes come back
         # from its packed panels (fused.PackedSource), so it too lives in its packs alone.
         for a, names in plain.values():
-            if self._linear_only(names, plain=True):
+            if self._worth_releasing(names, a.nbytes) and self._linear_only(names, plain=True):
                 holder = Stored(fused_ops.PackedSource(), 0, a.dtype, a.shape, a)
                 for nm in names:
                     graph.values[nm].stored = holder
@@ -116,13 +115,33 @@ class CpuProgram(Program):
 
     def _packed_only(self, v) -> bool:
         """Whether weight `v` can live in its packed copy alone: a float32 matrix read from the
-        model file (a Stored), of at least RELEASE_MIN bytes, that only linear nodes read, as
-        their weight operand (matmul, matmul_add, gemm), with the compiled kernels there to
+        model file (a Stored) worth releasing (`_worth_releasing`), that only linear nodes read,
+        as their weight operand (matmul, matmul_add, gemm), with the compiled kernels there to
         run them."""
         s = v.stored
-        if not isinstance(s, Stored) or s.dtype != np.float32 or len(s.shape) != 2 or s.nbytes < RELEASE_MIN:
+        if not isinstance(s, Stored) or s.dtype != np.float32 or len(s.shape) != 2:
             return False
-        return self._linear_only(self._aliases.get(s, []), plain=isinstance(s.source, fused_ops.PackedSource))
+        names = self._aliases.get(s, [])
+        return self._worth_releasing(names, s.nbytes) and \
+            self._linear_only(names, plain=isinstance(s.source, fused_ops.PackedSource))
+
+    def _worth_releasing(self, names, nbytes: int) -> bool:
+        """A weight of RELEASE_MIN bytes or more, or a smaller one that every product reads with
+        a known number of rows too large for NumPy's dot (fused.SMALL_FLOP): nothing would read
+        its array again. (ELECTRA-small's 1 MB matrices over 128 tokens were held twice, array
+        and panels: 15 MB over ORT's peak RSS.) A product whose rows are not known keeps it."""
+        if nbytes >= RELEASE_MIN:
+            return True
+        for nm in names:
+            for n in self._readers.get(nm, ()):
+                a, w = self.graph.values.get(n.inputs[0]), self.graph.values.get(nm)
+                shape = None if a is None else a.shape
+                if not shape or w is None or not w.shape or not all(isinstance(d, int) and d > 0 for d in shape):
+                    return False
+                rows = shape[-1] if n.op == "gemm" and n.attrs.get("trans_a") else int(np.prod(shape[:-1]))
+                if 2 * rows * nbytes // 4 < fused_ops.SMALL_FLOP:
+                    return False
+        return True
 
     def _linear_only(self, names, plain: bool) -> bool:
         """Whether only linear nodes read the weight that goes by `names`, as their weight

@@ -51,10 +51,10 @@ buffers are one set).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import threading
 import time
+import zlib
 
 import numpy as np
 
@@ -758,7 +758,10 @@ MAX_CONST_BYTES = 256 << 20  # constants of a program that is recorded (hashed b
 
 
 def _digest(consts: dict):
-    h = hashlib.blake2b(digest_size=16)
+    """CRC-32 and Adler-32 of every constant's bytes: a check that a run wrote into its
+    constants, not a defence against anyone (zlib, already loaded; hashlib would load OpenSSL's
+    libcrypto, 3.5 MB of every process's RSS)."""
+    crc, adler = 0, 1
     total = 0
     for nm in sorted(consts):
         a = consts[nm]
@@ -766,5 +769,6 @@ def _digest(consts: dict):
             total += a.nbytes
             if total > MAX_CONST_BYTES:
                 return None
-            h.update(np.ascontiguousarray(a).view(np.uint8).reshape(-1) if a.size else b"")
-    return h.digest()
+            b = np.ascontiguousarray(a).view(np.uint8).reshape(-1) if a.size else b""
+            crc, adler = zlib.crc32(b, crc), zlib.adler32(b, adler)
+    return crc, adler
