@@ -1,10 +1,12 @@
-"""Row-wise ops (Softmax, LayerNormalization) alone, npurun's cpu backend against ONNX Runtime.
+"""Row-wise and transcendental ops alone (Softmax, LayerNormalization, GELU), npurun's cpu
+backend against ONNX Runtime.
 
     python bench/row_ops.py [--threads 1 2] [--time 2]
 
 One-node ONNX models at shapes the corpus runs (YOLOS-tiny's 3 x 677 x 677 attention scores,
 BERT-base's 12 x 128 x 128, DeiT-small's 6 x 197 x 197; LayerNorm over YOLOS's 677 x 192 and
-BERT's 128 x 768 tokens), random non-zero inputs, both runtimes alternating in one process
+BERT's 128 x 768 tokens; GELU as exporters write it, x * 0.5 * (1 + erf(x / sqrt 2)), which
+both runtimes fuse, over YOLOS's 677 x 768 and BERT's 128 x 3072), random non-zero inputs, both runtimes alternating in one process
 (npurun.commands.bench.alternate, no idle: hot), medians; the largest difference from ORT's
 outputs is printed with each ratio. Prints, never asserts.
 """
@@ -21,7 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 CASES = [("Softmax", (1, 3, 677, 677)), ("Softmax", (1, 12, 128, 128)), ("Softmax", (1, 6, 197, 197)),
-         ("LayerNormalization", (1, 677, 192)), ("LayerNormalization", (1, 128, 768))]
+         ("LayerNormalization", (1, 677, 192)), ("LayerNormalization", (1, 128, 768)),
+         ("Gelu", (1, 677, 768)), ("Gelu", (1, 128, 3072))]
 
 
 def model(op: str, shape, path: Path) -> None:
@@ -34,8 +37,15 @@ def model(op: str, shape, path: Path) -> None:
         inits = [numpy_helper.from_array((1 + 0.1 * rng.standard_normal(c)).astype(np.float32), "g"),
                  numpy_helper.from_array((0.1 * rng.standard_normal(c)).astype(np.float32), "b")]
         ins += ["g", "b"]
-    node = helper.make_node(op, ins, ["y"], axis=-1)
-    g = helper.make_graph([node], op, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+    if op == "Gelu":  # the exported form
+        inits = [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in
+                 (("sq2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5))]
+        nodes = [helper.make_node("Div", ["x", "sq2"], ["t"]), helper.make_node("Erf", ["t"], ["e"]),
+                 helper.make_node("Add", ["e", "one"], ["u"]), helper.make_node("Mul", ["x", "u"], ["v"]),
+                 helper.make_node("Mul", ["v", "half"], ["y"])]
+    else:
+        nodes = [helper.make_node(op, ins, ["y"], axis=-1)]
+    g = helper.make_graph(nodes, op, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], inits)
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 

@@ -296,6 +296,7 @@ void npr_erf(const float *, float *, long);
 void npr_gelu(const float *, float *, long, float, float, float, int);
 void npr_layernorm(const float *, const float *, const float *, float *, float *, float *, long, long, long, float);
 void npr_softmax(const float *, const float *, float *, long, long, long, long, long, int, float);
+void npr_softmax_avx512(const float *, const float *, float *, long, long, long, long, long, int, float);
 
 enum { TR_ERF, TR_GELU, TR_LAYERNORM, TR_SOFTMAX };
 
@@ -316,7 +317,8 @@ static void tr_chunk(void *ctx, int i)
     case TR_ERF: npr_erf(j->x + lo, j->y + lo, hi - lo); break;
     case TR_GELU: npr_gelu(j->x + lo, j->y + lo, hi - lo, j->d, j->a, j->m, j->mode); break;
     case TR_LAYERNORM: npr_layernorm(j->x, j->p, j->q, j->y, j->mean, j->inv, lo, hi, j->n, j->eps); break;
-    default: npr_softmax(j->x, j->p, j->y, lo, hi, j->n, j->div, j->mrows, j->fix, j->d); break;
+    default: (j->mode ? npr_softmax_avx512 : npr_softmax)(j->x, j->p, j->y, lo, hi, j->n, j->div, j->mrows, j->fix, j->d);
+        break;
     }
 }
 
@@ -341,9 +343,9 @@ void npr_layernorm_mt(const float *x, const float *scale, const float *bias, flo
 }
 
 void npr_softmax_mt(const float *x, const float *mask, float *y, long rows, long n, long div, long mrows,
-                    int fix, float nan_to, int threads, int chunks)
+                    int fix, float nan_to, int threads, int chunks, int avx512)
 {
-    tr_job j = {.kind = TR_SOFTMAX, .fix = fix, .chunks = chunks, .x = x, .p = mask, .y = y, .total = rows,
+    tr_job j = {.kind = TR_SOFTMAX, .mode = avx512, .fix = fix, .chunks = chunks, .x = x, .p = mask, .y = y, .total = rows,
                 .n = n, .div = div, .mrows = mrows, .d = nan_to};
     par_run(tr_chunk, &j, chunks, threads);
 }

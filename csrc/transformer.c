@@ -115,7 +115,14 @@ static inline __m256 gelu8(__m256 v, __m256 d, __m256 a, __m256 m, int mode) {
     return _mm256_mul_ps(v, _mm256_mul_ps(m, _mm256_add_ps(erf8(t), a)));
 }
 
+void npr_gelu_avx512(const float *x, float *y, long n, float d, float a, float m, int mode);
+
+/* mode | 4: the AVX-512 kernel (the same bits; the caller knows the CPU has it) */
 void npr_gelu(const float *x, float *y, long n, float d, float a, float m, int mode) {
+    if (mode & 4) {
+        npr_gelu_avx512(x, y, n, d, a, m, mode & 3);
+        return;
+    }
     __m256 vd = _mm256_set1_ps(d), va = _mm256_set1_ps(a), vm = _mm256_set1_ps(m);
     long i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, gelu8(_mm256_loadu_ps(x + i), vd, va, vm, mode));
@@ -242,9 +249,19 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
         }
         float hm = hmax(vmax);
         m = hm > m ? hm : m;
-        __m256 vm = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+        __m256 vm = _mm256_set1_ps(m), acc = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
         float sum = 0.0f;
-        for (i = 0; i + 8 <= n; i += 8) {
+        /* two vectors an iteration, two sums: the exps of one do not wait on the other's add */
+        for (i = 0; i + 16 <= n; i += 16) {
+            __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vm));
+            __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + i + 8), vm));
+            _mm256_storeu_ps(yr + i, e0);
+            _mm256_storeu_ps(yr + i + 8, e1);
+            acc = _mm256_add_ps(acc, e0);
+            acc1 = _mm256_add_ps(acc1, e1);
+        }
+        acc = _mm256_add_ps(acc, acc1);
+        for (; i + 8 <= n; i += 8) {
             __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vm));
             _mm256_storeu_ps(yr + i, e);
             acc = _mm256_add_ps(acc, e);
@@ -262,9 +279,12 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
             for (i = 0; i < n; i++) yr[i] = nan_to;
             continue;
         }
-        __m256 vs = _mm256_set1_ps(sum);
-        for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(yr + i, _mm256_div_ps(_mm256_loadu_ps(yr + i), vs));
-        for (; i < n; i++) yr[i] /= sum;
+        /* times 1 / sum, not divided by it (a division a vector costs ~5 times a product:
+         * a third of the kernel's time); within an ulp or two of the quotient, as ORT's MLAS */
+        float inv = 1.0f / sum;
+        __m256 vs = _mm256_set1_ps(inv);
+        for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_loadu_ps(yr + i), vs));
+        for (; i < n; i++) yr[i] *= inv;
     }
 }
 
@@ -351,4 +371,124 @@ static inline __m512 act256x2(__m512 v, int act, float a, float b)
 #define VMUL _mm512_mul_ps
 #define VLOADQ8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #include "tr_gemm_tpl.h"
+#pragma GCC pop_options
+
+/* ---- npr_softmax on AVX-512: the same bits as the AVX2 kernel, in fewer instructions (the
+ * AVX2 kernel is bound by issuing exp8's ~24 instructions per 8 floats). exp16 is exp8's
+ * arithmetic on 16 lanes with 2^n by vscalefps: p * 2^n is exact wherever exp8's two-step
+ * scaling is, and below exp8's cut-off both give 0. The sums: a 16-lane accumulator is the
+ * AVX2 loop's two 8-lane ones side by side, added as it adds them. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
+static inline __m512 exp16(__m512 x) {
+    __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x); /* NaN stays (2nd operand) */
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504089f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512 y = _mm512_scalef_ps(p, n);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ), y,
+                                _mm512_setzero_ps());
+}
+
+void npr_softmax_avx512(const float *x, const float *mask, float *y, long r0, long r1, long n,
+                        long mask_div, long mask_rows, int fix, float nan_to) {
+    for (long r = r0; r < r1; r++) {
+        const float *xr = x + r * n;
+        const float *mr = mask ? mask + (r / mask_div % mask_rows) * n : NULL;
+        float *yr = y + r * n;
+        long i = 0;
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        float m = -INFINITY;
+        if (mr) {
+            for (; i + 16 <= n; i += 16) {
+                __m512 v = _mm512_add_ps(_mm512_loadu_ps(xr + i), _mm512_loadu_ps(mr + i));
+                _mm512_storeu_ps(yr + i, v);
+                vmax = _mm512_max_ps(vmax, v);
+            }
+            for (; i < n; i++) { yr[i] = xr[i] + mr[i]; m = yr[i] > m ? yr[i] : m; }
+            xr = yr;
+        } else {
+            for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(xr + i));
+            for (; i < n; i++) m = xr[i] > m ? xr[i] : m;
+        }
+        float hm = _mm512_reduce_max_ps(vmax);
+        m = hm > m ? hm : m;
+        __m512 vm = _mm512_set1_ps(m), acc16 = _mm512_setzero_ps();
+        float sum = 0.0f;
+        for (i = 0; i + 16 <= n; i += 16) {
+            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(xr + i), vm));
+            _mm512_storeu_ps(yr + i, e);
+            acc16 = _mm512_add_ps(acc16, e);
+        }
+        __m256 acc = _mm256_add_ps(_mm512_castps512_ps256(acc16), _mm512_extractf32x8_ps(acc16, 1));
+        __m256 vm8 = _mm256_set1_ps(m);
+        for (; i + 8 <= n; i += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vm8));
+            _mm256_storeu_ps(yr + i, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        if (i < n) {
+            float bx[8], by[8];
+            long rr = n - i;
+            for (long k = 0; k < 8; k++) bx[k] = k < rr ? xr[i + k] - m : -INFINITY;
+            _mm256_storeu_ps(by, exp8(_mm256_loadu_ps(bx)));
+            for (long k = 0; k < rr; k++) { yr[i + k] = by[k]; sum += by[k]; }
+        }
+        sum += hsum(acc);
+        if (fix && sum != sum) {
+            for (i = 0; i < n; i++) yr[i] = nan_to;
+            continue;
+        }
+        float inv = 1.0f / sum;
+        __m512 vs = _mm512_set1_ps(inv);
+        for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(yr + i, _mm512_mul_ps(_mm512_loadu_ps(yr + i), vs));
+        for (; i < n; i++) yr[i] *= inv;
+    }
+}
+
+/* erf8 and GELU's erf form on 16 lanes, operation for operation (the coefficient tables are
+ * read through 16-lane permutes of the 8 entries twice over): the AVX2 kernel's bits, with
+ * half its instructions, which bound it. The tanh form (GPT-2's) stays on gelu8. */
+static inline __m512 erf16(__m512 x) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    __m512 ax = _mm512_andnot_ps(sign, x);
+    __m512 z = _mm512_mul_ps(ax, ax);
+    __m512 s = _mm512_set1_ps(ERF_S[4]);
+    for (int k = 3; k >= 0; k--) s = _mm512_fmadd_ps(s, z, _mm512_set1_ps(ERF_S[k]));
+    s = _mm512_mul_ps(s, ax);
+    __m512i i = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_mul_ps(ax, _mm512_set1_ps(2.0f)), _mm512_set1_ps(7.0f)));
+    __m512 t = _mm512_sub_ps(ax, _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f)));
+#define ERF_ROW(k) _mm512_permutexvar_ps(i, _mm512_broadcast_f32x8(_mm256_loadu_ps(ERF_P[k])))
+    __m512 p = ERF_ROW(7);
+    for (int k = 6; k >= 0; k--) p = _mm512_fmadd_ps(p, t, ERF_ROW(k));
+#undef ERF_ROW
+    __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.5f), _CMP_LT_OQ), p, s);
+    r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(4.0f), _CMP_GE_OQ), r, _mm512_set1_ps(1.0f));
+    r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, x);
+    return _mm512_or_ps(r, _mm512_and_ps(sign, x));
+}
+
+void npr_gelu_avx512(const float *x, float *y, long n, float d, float a, float m, int mode) {
+    if (mode == 2) {
+        npr_gelu(x, y, n, d, a, m, mode);
+        return;
+    }
+    __m512 vd = _mm512_set1_ps(d), va = _mm512_set1_ps(a), vm = _mm512_set1_ps(m);
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __m512 t = mode ? _mm512_mul_ps(v, vd) : _mm512_div_ps(v, vd);
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(v, _mm512_mul_ps(vm, _mm512_add_ps(erf16(t), va))));
+    }
+    if (i < n)
+        npr_gelu(x + i, y + i, n - i, d, a, m, mode);
+}
 #pragma GCC pop_options

@@ -143,6 +143,52 @@ def test_softmax_rows_with_nan_or_inf_come_out_nan_like_the_reference():
     np.testing.assert_array_equal(T.KERNELS["softmax"](prog(1))(y, axis=1), KERNELS["softmax"](y, axis=1))
 
 
+@pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
+def test_softmax_avx512_is_the_avx2_kernel_bit_for_bit(rng):
+    """transformer.c's AVX-512 softmax (exp on 16 lanes, 2^n by vscalefps, a 16-lane sum that is
+    the AVX2 loop's two 8-lane ones) gives the AVX2 kernel's bits: rows of 1 to 700 (every tail),
+    masked and not, scores down to exp's cut-off, NaN / inf rows with and without the fix."""
+    from npurun.backends.cpu.native import ptr
+    for n in list(range(1, 40)) + [64, 127, 128, 197, 677]:
+        rows = 5
+        x = nonzero_normal(rng, (rows, n)) * float(rng.choice([1, 10, 40]))
+        x[0, : n // 2] -= 95  # near and past exp's cut-off (-87.3 from the row's max)
+        if n > 2:
+            x[1, 1], x[2, 0] = np.nan, np.inf
+        mask = nonzero_normal(rng, (n,)) * 3
+        for m in (None, mask):
+            for fix, val in ((0, 0.0), (1, 0.5)):
+                out = []
+                for fn in (T.LIB.npr_softmax, T.LIB.npr_softmax_avx512):
+                    y = np.full_like(x, 7.0)
+                    fn(ptr(x), ptr(m), ptr(y), 0, rows, n, 1, 1, fix, val)
+                    out.append(y)
+                np.testing.assert_array_equal(out[1], out[0], err_msg=f"n={n} mask={m is not None} fix={fix}")
+                with np.errstate(invalid="ignore", over="ignore"):
+                    want = KERNELS["softmax"](x[3:] if m is None else x[3:] + m, axis=-1)
+                np.testing.assert_allclose(out[1][3:], want, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
+def test_gelu_avx512_is_the_avx2_kernel_bit_for_bit(rng):
+    """GELU's AVX-512 kernel (mode | 4: erf on 16 lanes, the tables read by 16-lane permutes)
+    gives the AVX2 kernel's bits in each form (x / d, x * d, tanh), lengths 1 to 100 (every
+    tail), values over erf's every interval and the special ones."""
+    from npurun.backends.cpu.native import ptr
+    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40, -3.9, 4.0, 0.5, -0.5, 7.99], np.float32)
+    for n in list(range(1, 40)) + [64, 100]:
+        x = (nonzero_normal(rng, (n,)) * float(rng.choice([0.3, 2, 6]))).astype(np.float32)
+        x[: min(n, special.size)] = special[: min(n, special.size)] if n > 20 else x[: min(n, special.size)]
+        for d, a, m, mode in ((float(np.float32(np.sqrt(2))), 1.0, 0.5, 0), (float(np.float32(1 / np.sqrt(2))), 0.0, 0.0, 1),
+                              (0.0, 0.0, 0.0, 2)):
+            out = []
+            for wide in (0, 4):
+                y = np.full_like(x, 7.0)
+                T.LIB.npr_gelu(ptr(x), ptr(y), n, d, a, m, mode | wide)
+                out.append(y)
+            np.testing.assert_array_equal(out[1], out[0], err_msg=f"n={n} mode={mode}")
+
+
 def test_mask_rows_rule():
     assert T.mask_rows((1, 12, 128, 128), (1, 1, 1, 128)) == (1, 1)
     assert T.mask_rows((1, 12, 128, 128), (1, 1, 128, 128)) == (1, 128)

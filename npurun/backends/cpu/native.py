@@ -98,7 +98,8 @@ def _signatures() -> dict:
         "npr_layernorm_mt": ([P, P, P, P, P, P, L, L, F, I, I], None),
         "npr_rmsnorm": ([P, P, P, P, P, P, P, L, L, L, F], None),
         "npr_softmax": ([P, P, P, L, L, L, L, L, I, F], None),
-        "npr_softmax_mt": ([P, P, P, L, L, L, L, I, F, I, I], None),
+        "npr_softmax_avx512": ([P, P, P, L, L, L, L, L, I, F], None),
+        "npr_softmax_mt": ([P, P, P, L, L, L, L, I, F, I, I, I], None),
         # im2col_gemm.c: a dense conv as im2col + the packed sgemm, a panel of pixels at a time
         "npr_im2col_gemm_mt": ([P, L, L, L, L, P, L] + [I] * 8 + [I, F, F, P, L, L, I, I, L, L, I, I], I),
         "npr_gemm_range_mt": ([I, P, P, P, P, P, L, L, L, L, L, I, I], None),

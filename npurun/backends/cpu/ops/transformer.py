@@ -57,7 +57,8 @@ def make_erf(program):
 def gelu_call(program, x, d, a, m, mode):
     """y = x * (m * (erf(x / d) + a)) (mode 0) or erf(x * d) (mode 1), as the exported chain
     computes it, one rounding per operation, in the same order."""
-    return _elementwise(program, x, "npr_gelu", d, a, m, mode)
+    # mode | 4: the AVX-512 kernel, the same bits (csrc/transformer.c npr_gelu_avx512)
+    return _elementwise(program, x, "npr_gelu", d, a, m, mode | (4 if native.ISA == "avx512" else 0))
 
 
 def make_gelu(program):
@@ -176,10 +177,11 @@ def softmax_call(program, x, mask=None, nan_to=None):
     fix, val = (0, 0.0) if nan_to is None else (1, float(nan_to))
     rows = x.size // n
     parts = _parts(program, x.size, rows)
+    wide = native.ISA == "avx512"  # (the same bits: csrc/transformer.c npr_softmax_avx512)
     if parts > 1:
-        LIB.npr_softmax_mt(ptr(x), ptr(mask), ptr(y), rows, n, div, mrows, fix, val, program.threads, parts)
+        LIB.npr_softmax_mt(ptr(x), ptr(mask), ptr(y), rows, n, div, mrows, fix, val, program.threads, parts, wide)
     else:
-        LIB.npr_softmax(ptr(x), ptr(mask), ptr(y), 0, rows, n, div, mrows, fix, val)
+        (LIB.npr_softmax_avx512 if wide else LIB.npr_softmax)(ptr(x), ptr(mask), ptr(y), 0, rows, n, div, mrows, fix, val)
     return y
 
 
