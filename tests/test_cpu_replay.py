@@ -319,13 +319,20 @@ def test_the_copy_and_binary_kernels_equal_numpy_bit_for_bit(rng):
             a = a.copy()
             a.flat[int(rng.integers(a.size))] = np.nan
         for op, f in ops.items():
-            y, want = native.binary(op, a, b), f(a, b)
-            assert y.shape == want.shape and y.tobytes() == want.tobytes(), (op, a.shape, b.shape, a.strides)
+            want = f(a, b)
+            for threads in (1, 2, 3):  # (npr_binary_mt: rows, or a few long rows' columns, a part)
+                y = native.binary(op, a, b, threads)
+                assert y.shape == want.shape and y.tobytes() == want.tobytes(), (op, a.shape, b.shape, a.strides, threads)
         for dtype in (np.float32, np.int64, np.uint8, np.float16):
             x = _strided(rng, bshape, dtype)
             y = np.empty(shape, dtype)
             assert native.copy_into(y, x)
             np.testing.assert_array_equal(y, np.broadcast_to(x, shape))
+    for shape, bshape in (((1, 1000), (1000,)), ((3, 777), (3, 1)), ((2, 96, 40, 40), (1, 96, 1, 1)), ((70000,), (1,))):
+        a, b = _strided(rng, shape, np.float32), _strided(rng, bshape, np.float32)
+        for op, f in ops.items():
+            for threads in (2, 3):
+                assert native.binary(op, a, b, threads).tobytes() == f(a, b).tobytes(), (op, shape, bshape, threads)
     x = nonzero_normal(rng, (4, 5))
     assert not native.copy_into(x[1:], x[:-1])  # overlapping: refused (NumPy's to do)
 

@@ -77,6 +77,7 @@ def _signatures() -> dict:
         "npr_channel_affine_mt": ([P, P, L, L, L, P, P, I, F, F, I, I], None),
         "npr_prelu_channels": ([P, P, L, L, L, P], None),
         "npr_binary": ([I, P, P, P, I, P, P, P], None),
+        "npr_binary_mt": ([I, P, P, P, I, P, P, P, I, I], None),
         "npr_copy": ([P, P, I, P, P, P, L], None),
         "npr_take": ([P, P, P, L, L, L, L], I),
         "npr_unary": ([I, P, P, L], None),
@@ -371,10 +372,11 @@ def copy_into(y: np.ndarray, x) -> bool:
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "max": 4, "min": 5}  # csrc/chain.c's npr_binary
 
 
-def binary(op: str, a: np.ndarray, b: np.ndarray):
+def binary(op: str, a: np.ndarray, b: np.ndarray, threads: int = 1):
     """a op b for float32 arrays of any strides, broadcast as NumPy does, by one call of
-    csrc/chain.c's npr_binary (axes merged where both operands run on contiguously); None where
-    a stride is not whole floats or there are more than 16 axes."""
+    csrc/chain.c's npr_binary (axes merged where both operands run on contiguously), in
+    `threads` parts on the pool when more than one; None where a stride is not whole floats or
+    there are more than 16 axes."""
     shape = np.broadcast_shapes(a.shape, b.shape)
     y = np.empty(shape, np.float32)
     if y.size == 0:
@@ -383,7 +385,11 @@ def binary(op: str, a: np.ndarray, b: np.ndarray):
     if dims is None:
         return None
     d = np.array(dims, np.int64).T.copy()
-    LIB.npr_binary(BINARY[op], ptr(a), ptr(b), ptr(y), len(dims), ptr(d[0]), ptr(d[1]), ptr(d[2]))
+    if threads > 1:
+        LIB.npr_binary_mt(BINARY[op], ptr(a), ptr(b), ptr(y), len(dims), ptr(d[0]), ptr(d[1]), ptr(d[2]),
+                          threads, threads)
+    else:
+        LIB.npr_binary(BINARY[op], ptr(a), ptr(b), ptr(y), len(dims), ptr(d[0]), ptr(d[1]), ptr(d[2]))
     return y
 
 

@@ -15,10 +15,9 @@ import numpy as np
 from ... import pieces
 from ...reference.kernels import KERNELS as REF
 from .. import native
-from . import fused
 
 PIECE_MIN = 1 << 20       # elements: a smaller map is under ~1 ms anyway
-ADD_MT_MIN = 1 << 15      # elements: a smaller add stays on one thread (NumPy's)
+MT_MIN = 1 << 15          # elements: a smaller op stays on one thread (NumPy's)
 SECONDS_PER_ELEMENT = 1e-9  # NumPy's float32 add/mul here, read + write (errs long: pieces err short)
 # Each piece writes its slice of the output in place (`out=`): a piece computed into a fresh
 # array and then copied made a contended add 2x the whole call's time (PP-OCR det's 96x160x160
@@ -30,17 +29,21 @@ OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
 def _make(op, program):
     ref, ufunc = REF[op], OPS[op]
     cal: dict = {}  # the measured speed of this op's pieces (pieces.split)
-    # On more than one thread an add of two same-shaped float32 maps runs as csrc/chain.c's
-    # add on the pool's threads (fused.add_activation with no activation; NumPy's is one
-    # thread): the same sums. SqueezeBERT's residual adds at 2 threads took longer than at 1.
-    add_mt = fused.make_add_activation(program) if op == "add" and getattr(program, "threads", 1) > 1 else None
+    # On more than one thread a large float32 op runs as csrc/chain.c's npr_binary on the
+    # pool's threads, broadcasting as NumPy does (NumPy's ufuncs run on one): each element one
+    # IEEE operation, the same bits. SqueezeBERT's residual adds at 2 threads took longer than
+    # at 1; FocalNet's modulation products, ConvNeXt-V2's GRN scalings did not speed up.
+    threads = getattr(program, "threads", 1) if native.LIB is not None else 1
 
     def run(a, b):
         # (cheapest tests first: a model's many small adds must not pay for this wrapper)
         if type(a) is not np.ndarray or type(b) is not np.ndarray:
             return ref(a, b)
-        if add_mt is not None and a.size >= ADD_MT_MIN and a.shape == b.shape and not pieces.wanted():
-            return add_mt(a, b, activation=None, activation_params=())
+        if threads > 1 and max(a.size, b.size) >= MT_MIN and a.dtype == np.float32 and b.dtype == np.float32 \
+                and not pieces.wanted():
+            y = native.binary(op, a, b, threads)
+            if y is not None:
+                return y
         if native.CALLS.cheap and a.dtype == np.float32 and b.dtype == np.float32 \
                 and (max(a.size, b.size) < PIECE_MIN or not pieces.wanted()):
             y = native.binary(op, a, b)  # (in a replayed program: one recorded call)
