@@ -489,7 +489,10 @@ typedef int (*dw_fn)(const float *, int, int, int, const float *, const float *,
 int npr_dwconv2d_cl(const float *x, int C, int H, int W, const float *w, const float *bias,
                     int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
                     int act, float alpha, float beta, float *y, int Ho, int Wo, int c0, int c1);
-static const dw_fn DW_KINDS[3] = {npr_dwconv2d, npr_dwconv2d_cl, npr_dwconv2d_avx512};
+int npr_dwconv2d_cl16(const float *x, int C, int H, int W, const float *w, const float *bias,
+                      int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
+                      int act, float alpha, float beta, float *y, int Ho, int Wo, int c0, int c1);
+static const dw_fn DW_KINDS[4] = {npr_dwconv2d, npr_dwconv2d_cl, npr_dwconv2d_avx512, npr_dwconv2d_cl16};
 
 typedef struct {
     dw_fn fn; const float *x; int C, H, W; const float *w, *bias; int kh, kw, sh, sw, dh, dw, pt, pl;
@@ -513,15 +516,15 @@ static void dw_chunk(void *ctx, int i)
 /* One image of a depthwise conv, its channels [c0, c1) in `chunks` bands (a piece of the node:
  * nativeconv cuts at multiples of 8); kind: 0 the per-channel kernel above, 1 the
  * channels-in-lanes kernel of dwconv_cl.c (nativeconv.dw_lanes_chosen), 2 the per-channel
- * kernel in AVX-512. */
+ * kernel in AVX-512, 3 the channels-in-lanes kernel with 16 lanes (AVX-512; kind 1's bits). */
 int npr_dwconv2d_mt(const float *x, int C, int H, int W, const float *w, const float *bias,
                     int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
                     int act, float alpha, float beta, float *y, int Ho, int Wo, int threads, int chunks,
                     int kind, int c0, int c1)
 {
-    if (kind < 0 || kind > 2) return -2;
+    if (kind < 0 || kind > 3) return -2;
     dw_job j = {DW_KINDS[kind], x, C, H, W, w, bias, kh, kw, sh, sw, dh, dw, pt, pl,
-                act, alpha, beta, y, Ho, Wo, chunks, kind == 1 ? 8 : 1, c0, c1, 0};
+                act, alpha, beta, y, Ho, Wo, chunks, kind == 1 ? 8 : kind == 3 ? 16 : 1, c0, c1, 0};
     par_run(dw_chunk, &j, chunks, threads);
     return atomic_load(&j.rc);
 }

@@ -138,6 +138,28 @@ def test_depthwise_avx512_strips_are_the_avx2_kernel_bit_for_bit(k, s, rng):
 
 @pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
 @pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_lanes_16_are_the_8_lane_kernel_bit_for_bit(threads, rng):
+    """dwconv_cl.c's kernel with 16 channels in the lanes (AVX-512) gives the 8-lane kernel's
+    bits: each lane's bias, taps and activation in the same order; channel counts across block
+    edges (1-40: partial blocks of 16 and of 8), strides, dilations, pads, activations."""
+    for _ in range(25):
+        c = int(rng.integers(1, 41))
+        k = int(rng.choice([1, 3, 5, 7]))
+        s, d = int(rng.choice([1, 2])), int(rng.choice([1, 1, 2]))
+        xs = (int(rng.integers(1, 3)), c, int(rng.integers(k * d, 30)), int(rng.integers(k * d, 30)))
+        a = {"group": c, "strides": [s, s], "dilations": [d, d], "pads": [int(p) for p in rng.integers(0, k, 4)]}
+        x = nonzero_normal(rng, xs)
+        w = nonzero_normal(rng, (c, 1, k, k)) * 0.3
+        b = nonzero_normal(rng, (c,))
+        for act in ("relu", "hard_swish", None):
+            got = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, threads, {}, "avx512", "dw_lanes")
+            want = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, threads, {}, "avx2", "dw_lanes")
+            np.testing.assert_array_equal(got, want, err_msg=f"{xs} k={k} {a} {act}")
+        close(got, KERNELS["conv"](x, w, b, **_attrs(a)), None)
+
+
+@pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
 def test_depthwise_avx512_is_the_avx2_kernel_bit_for_bit(threads, rng):
     """conv.c's per-channel depthwise kernel in AVX-512 (16 columns a vector, a masked last one;
     3x3/5x5/7x7 unrolled, any other geometry at run time; its own stride-1 fill): the same

@@ -62,6 +62,7 @@ def _signatures() -> dict:
         "npr_dwconv2d_mt": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I, I, I, I], I),
         # dwconv_cl.c: depthwise with the channels in the lanes (small maps, strides)
         "npr_dwconv2d_cl": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
+        "npr_dwconv2d_cl16": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
         "npr_dwconv2d_avx512": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
         "npr_activation": ([P, P, L, I, F, F], None),
         # par.c: the floating-point mode of a run (flush_subnormals)

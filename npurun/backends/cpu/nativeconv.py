@@ -29,6 +29,9 @@ from . import convtune, native, winograd
 from .native import LIB, act_params, ptr
 
 MR = 4  # output channels per microkernel tile (csrc/conv.c)
+# The depthwise kernels by kind (_depthwise says which is which; conv.c's DW_KINDS in order)
+DW_KERNELS = () if LIB is None else (LIB.npr_dwconv2d, LIB.npr_dwconv2d_cl, LIB.npr_dwconv2d_avx512,
+                                     LIB.npr_dwconv2d_cl16)
 MIN_FLOPS_PER_BAND = 2e6  # below this a band costs more to hand to a thread than to run
 DW_FLOP_COST = 8  # a depthwise conv's FLOP in dense-conv FLOPs of time (for its bands)
 # Pieces' time model: dense FLOP/s per thread (on the low side of the kernels' 30-60 on the
@@ -179,7 +182,8 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     if group == c == m and cg == 1:  # depthwise
         lanes = (algo == "dw_lanes" or algo is None and dw_lanes_chosen(c, wo, sw, isa or native.ISA)) \
             and min(begin) >= 0
-        kind = 1 if lanes else 2 if (isa or native.ISA) == "avx512" else 0
+        wide = (isa or native.ISA) == "avx512"
+        kind = (3 if wide else 1) if lanes else 2 if wide else 0
         return _plan(cache, key, act_attrs, attrs, x, _depthwise_plan(
             x.shape, yshape, w, b, geo, epi, threads, cache, kind, flops))
     if algo is None and min(*begin, *end) >= 0 and batch_gemm_chosen(n, c, m, group, geo, ho, wo):
@@ -268,7 +272,7 @@ def _depthwise_plan(xshape, yshape, w, b, geo, epi, threads, cache, kind, flops)
     if threads > 1 and len(bands) > 1:
         calls = [native.bound(LIB.npr_dwconv2d_mt, (*pre, threads, len(bands), kind, 0, c), 0, 17)]
     else:
-        kernel = (LIB.npr_dwconv2d, LIB.npr_dwconv2d_cl, LIB.npr_dwconv2d_avx512)[kind]
+        kernel = DW_KERNELS[kind]
         calls = [native.bound(kernel, (*pre, c0, c1), 0, 17) for c0, c1 in bands]
 
     return _bound_run(calls, yshape, DW_FLOP_COST * flops / (PIECE_FLOPS * threads), cache, general, (wdw, bdw))
@@ -300,7 +304,8 @@ def _depthwise_weights(w, b, geo, cache):
 def _depthwise(x, y, w, b, geo, epi, threads, cache, kind, flops):
     """Bands of channels on the threads, pieces of channels on a contended device. kind: 0 the
     per-channel kernel (AVX2), 1 channels in the lanes (dwconv_cl.c), 2 per-channel in AVX-512
-    (the same bits as 0, 16 columns a vector)."""
+    (the same bits as 0, 16 columns a vector), 3 16 channels in the lanes (AVX-512, the same
+    bits as 1)."""
     n, c, h, wd = x.shape
     ho, wo = y.shape[2:]
     _depthwise_weights(w, b, geo, cache)
@@ -340,7 +345,7 @@ def _depthwise_image(x, y, wdw, bdw, geo, epi, threads, cache, kind, flops):
                 _check(LIB.npr_dwconv2d_mt(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo, *epi,
                                            ptr(y[i]), ho, wo, threads, chunks, kind, c0, c1))
         return y
-    dw_kernel = (LIB.npr_dwconv2d, LIB.npr_dwconv2d_cl, LIB.npr_dwconv2d_avx512)[kind]
+    dw_kernel = DW_KERNELS[kind]
     for i in range(n):
         for c0, c1 in pieces.each(cut) if cut else bands:
             _check(dw_kernel(ptr(x[i]), c, h, wd, ptr(wdw), ptr(bdw), *geo, *epi, ptr(y[i]), ho, wo, c0, c1))
