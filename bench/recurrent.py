@@ -11,14 +11,13 @@ difference from ORT's outputs is printed with the ratio.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
 
 
 def model(op: str, hidden: int, size: int, seq: int, direction: str, path: Path) -> None:
@@ -38,10 +37,7 @@ def model(op: str, hidden: int, size: int, seq: int, direction: str, path: Path)
 
 
 def main() -> int:
-    import onnxruntime as ort
-
-    import npurun
-    from npurun.commands.bench import alternate
+    from one_node import against_ort
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--op", choices=("lstm", "gru"), default="lstm")
     ap.add_argument("--hidden", type=int, default=512)
@@ -55,17 +51,9 @@ def main() -> int:
         path = Path(tmp) / "rnn.onnx"
         model(args.op, args.hidden, args.input, args.seq, args.direction, path)
         x = {"x": np.random.default_rng(1).standard_normal((args.seq, 1, args.input)).astype(np.float32)}
-        g = npurun.load(path)
         print(f"{args.op} {args.direction}, hidden {args.hidden}, input {args.input}, {args.seq} steps")
         for t in args.threads:
-            so = ort.SessionOptions()
-            so.intra_op_num_threads, so.inter_op_num_threads = t, 1
-            sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-            exe = npurun.Executor("cpu", parallelism=t)
-            diff = float(np.abs(exe.run_sync(g, x)["y"] - sess.run(None, x)[0]).max())
-            times = alternate({"npurun": lambda: exe.run_sync(g, x), "ort": lambda: sess.run(None, x)},
-                              args.time, 20, settle_s=0)
-            a, b = statistics.median(times["npurun"]), statistics.median(times["ort"])
+            a, b, diff = against_ort(path, x, t, args.time)
             print(f"  {t} thread(s): npurun {a * 1e3:.3f} ms, ORT {b * 1e3:.3f} ms, ratio {a / b:.2f} "
                   f"(max |diff| {diff:.1e})")
     return 0

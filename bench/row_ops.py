@@ -13,14 +13,13 @@ outputs is printed with each ratio. Prints, never asserts.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
 
 CASES = [("Softmax", (1, 3, 677, 677)), ("Softmax", (1, 12, 128, 128)), ("Softmax", (1, 6, 197, 197)),
          ("LayerNormalization", (1, 677, 192)), ("LayerNormalization", (1, 128, 768)),
@@ -51,10 +50,7 @@ def model(op: str, shape, path: Path) -> None:
 
 
 def main() -> int:
-    import onnxruntime as ort
-
-    import npurun
-    from npurun.commands.bench import alternate
+    from one_node import against_ort
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--time", type=float, default=2.0)
@@ -64,16 +60,8 @@ def main() -> int:
             path = Path(tmp) / f"{op}.onnx"
             model(op, shape, path)
             x = {"x": (np.random.default_rng(1).standard_normal(shape) * 3).astype(np.float32)}
-            g = npurun.load(path)
             for t in args.threads:
-                so = ort.SessionOptions()
-                so.intra_op_num_threads, so.inter_op_num_threads = t, 1
-                sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-                exe = npurun.Executor("cpu", parallelism=t)
-                diff = float(np.abs(exe.run_sync(g, x)["y"] - sess.run(None, x)[0]).max())
-                times = alternate({"npurun": lambda: exe.run_sync(g, x), "ort": lambda: sess.run(None, x)},
-                                  args.time, 20, settle_s=0)
-                a, b = statistics.median(times["npurun"]), statistics.median(times["ort"])
+                a, b, diff = against_ort(path, x, t, args.time)
                 print(f"{op:18s} {'x'.join(map(str, shape)):14s} {t} thread(s): npurun {a * 1e3:.3f} ms, "
                       f"ORT {b * 1e3:.3f} ms, ratio {a / b:.2f} (max |diff| {diff:.1e})", flush=True)
     return 0

@@ -220,6 +220,39 @@ void npr_rmsnorm(const float *x, const float *skip, const float *bias, const flo
     }
 }
 
+/* The end of one softmax row, both kernels': from element i on, exp(x - m) in vectors of 8
+ * and a padded last one, added to acc (the sums so far, lane by lane) in order; then the sum,
+ * the NaN rows' fix, and the scaling. */
+static inline void softmax_finish(const float *xr, float *yr, long i, long n, float m, __m256 acc, int fix,
+                                  float nan_to) {
+    __m256 vm = _mm256_set1_ps(m);
+    float sum = 0.0f;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vm));
+        _mm256_storeu_ps(yr + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    if (i < n) {
+        float bx[8], by[8];
+        long rr = n - i;
+        for (long k = 0; k < 8; k++) bx[k] = k < rr ? xr[i + k] - m : -INFINITY;
+        _mm256_storeu_ps(by, exp8(_mm256_loadu_ps(bx)));
+        for (long k = 0; k < rr; k++) { yr[i + k] = by[k]; sum += by[k]; }
+    }
+    sum += hsum(acc);
+    /* NaN in the row (or only -inf, or +inf): m - m or x - m is NaN somewhere, so sum is */
+    if (fix && sum != sum) {
+        for (i = 0; i < n; i++) yr[i] = nan_to;
+        return;
+    }
+    /* times 1 / sum, not divided by it (a division a vector costs ~5 times a product: a third
+     * of the kernel's time); within an ulp or two of the quotient, as ORT's MLAS */
+    float inv = 1.0f / sum;
+    __m256 vs = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_loadu_ps(yr + i), vs));
+    for (; i < n; i++) yr[i] *= inv;
+}
+
 /* Rows [r0, r1) of a (rows x n) matrix, softmax along each row. mask (or NULL): added to x
  * first, row r reads mask + (r / mask_div % mask_rows) * n (a mask broadcast over heads
  * and/or rows: mask_div = rows per mask row, mask_rows = its row count). fix: a row whose
@@ -250,7 +283,6 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
         float hm = hmax(vmax);
         m = hm > m ? hm : m;
         __m256 vm = _mm256_set1_ps(m), acc = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        float sum = 0.0f;
         /* two vectors an iteration, two sums: the exps of one do not wait on the other's add */
         for (i = 0; i + 16 <= n; i += 16) {
             __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vm));
@@ -260,31 +292,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
             acc = _mm256_add_ps(acc, e0);
             acc1 = _mm256_add_ps(acc1, e1);
         }
-        acc = _mm256_add_ps(acc, acc1);
-        for (; i + 8 <= n; i += 8) {
-            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vm));
-            _mm256_storeu_ps(yr + i, e);
-            acc = _mm256_add_ps(acc, e);
-        }
-        if (i < n) {
-            float bx[8], by[8];
-            long rr = n - i;
-            for (long k = 0; k < 8; k++) bx[k] = k < rr ? xr[i + k] - m : -INFINITY;
-            _mm256_storeu_ps(by, exp8(_mm256_loadu_ps(bx)));
-            for (long k = 0; k < rr; k++) { yr[i + k] = by[k]; sum += by[k]; }
-        }
-        sum += hsum(acc);
-        /* NaN in the row (or only -inf, or +inf): m - m or x - m is NaN somewhere, so sum is */
-        if (fix && sum != sum) {
-            for (i = 0; i < n; i++) yr[i] = nan_to;
-            continue;
-        }
-        /* times 1 / sum, not divided by it (a division a vector costs ~5 times a product:
-         * a third of the kernel's time); within an ulp or two of the quotient, as ORT's MLAS */
-        float inv = 1.0f / sum;
-        __m256 vs = _mm256_set1_ps(inv);
-        for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_loadu_ps(yr + i), vs));
-        for (; i < n; i++) yr[i] *= inv;
+        softmax_finish(xr, yr, i, n, m, _mm256_add_ps(acc, acc1), fix, nan_to);
     }
 }
 
@@ -422,35 +430,13 @@ void npr_softmax_avx512(const float *x, const float *mask, float *y, long r0, lo
         float hm = _mm512_reduce_max_ps(vmax);
         m = hm > m ? hm : m;
         __m512 vm = _mm512_set1_ps(m), acc16 = _mm512_setzero_ps();
-        float sum = 0.0f;
         for (i = 0; i + 16 <= n; i += 16) {
             __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(xr + i), vm));
             _mm512_storeu_ps(yr + i, e);
             acc16 = _mm512_add_ps(acc16, e);
         }
-        __m256 acc = _mm256_add_ps(_mm512_castps512_ps256(acc16), _mm512_extractf32x8_ps(acc16, 1));
-        __m256 vm8 = _mm256_set1_ps(m);
-        for (; i + 8 <= n; i += 8) {
-            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vm8));
-            _mm256_storeu_ps(yr + i, e);
-            acc = _mm256_add_ps(acc, e);
-        }
-        if (i < n) {
-            float bx[8], by[8];
-            long rr = n - i;
-            for (long k = 0; k < 8; k++) bx[k] = k < rr ? xr[i + k] - m : -INFINITY;
-            _mm256_storeu_ps(by, exp8(_mm256_loadu_ps(bx)));
-            for (long k = 0; k < rr; k++) { yr[i + k] = by[k]; sum += by[k]; }
-        }
-        sum += hsum(acc);
-        if (fix && sum != sum) {
-            for (i = 0; i < n; i++) yr[i] = nan_to;
-            continue;
-        }
-        float inv = 1.0f / sum;
-        __m512 vs = _mm512_set1_ps(inv);
-        for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(yr + i, _mm512_mul_ps(_mm512_loadu_ps(yr + i), vs));
-        for (; i < n; i++) yr[i] *= inv;
+        softmax_finish(xr, yr, i, n, m, _mm256_add_ps(_mm512_castps512_ps256(acc16), _mm512_extractf32x8_ps(acc16, 1)),
+                       fix, nan_to);
     }
 }
 
