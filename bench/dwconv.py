@@ -74,7 +74,7 @@ def main():
                 times[a].append(time.perf_counter() - t)
         us = {a: 1e6 * statistics.median(v) for a, v in times.items()}
         ho = (hw + 2 * (k // 2) - k) // s + 1
-        pick = "dw_lanes" if nativeconv.dw_lanes_chosen(c, ho, s, native.ISA) else "direct"
+        pick = "dw_lanes" if nativeconv.dw_lanes_chosen(c, ho, s, native.ISA, k) else "direct"
         ratios.append(us[pick] / us["ort"])
         print(f"| {c} | {hw} | {k} | {s} | {us['direct']:.0f} | {us['dw_lanes']:.0f} | {us['ort']:.0f} | "
               f"**{ratios[-1]:.2f}** ({'lanes' if pick == 'dw_lanes' else 'per-channel'}) |")

@@ -180,7 +180,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         return _plan(cache, key, act_attrs, attrs, x, lambda x: _wide_groups(
             x, w, b, dense, act, act_attrs, threads, cache, isa, empty(yshape)))
     if group == c == m and cg == 1:  # depthwise
-        lanes = (algo == "dw_lanes" or algo is None and dw_lanes_chosen(c, wo, sw, isa or native.ISA)) \
+        lanes = (algo == "dw_lanes" or algo is None and dw_lanes_chosen(c, wo, sw, isa or native.ISA, kw)) \
             and min(begin) >= 0
         wide = (isa or native.ISA) == "avx512"
         kind = (3 if wide else 1) if lanes else 2 if wide else 0
@@ -460,7 +460,7 @@ FLAT_MAX_PIXELS = 160 * 160  # bigger outputs keep the implicit GEMM / Winograd 
 FLAT_SPLIT_M = 400  # threads split the output channels at most this many output pixels
 
 
-def dw_lanes_chosen(c: int, wo: int, sw: int, isa: str = "avx2") -> bool:
+def dw_lanes_chosen(c: int, wo: int, sw: int, isa: str = "avx2", kw: int = 3) -> bool:
     """Depthwise convs with the channels in the lanes (dwconv_cl.c) where a row of the
     output is short (<= 28) or strided; at least one block of 8 channels. `python
     bench/dwconv.py`, 1 thread (AVX-512 machine, both kernels AVX2): lanes 0.55-0.75x the
@@ -476,9 +476,16 @@ def dw_lanes_chosen(c: int, wo: int, sw: int, isa: str = "avx2") -> bool:
     (960 x 7x7 3x3 49 against 67, 1152 x 7x7 5x5 103 against 168) and stride 2 onto rows of
     at most 16 (576 x 14x14 -> 7x7 52 against 85). convtune measures both wherever a conv is
     big enough.
+    Since 2026-12-06 the lanes on AVX-512 are 16 channels a vector (npr_dwconv2d_cl16), and
+    they win more: `python bench/dwconv.py`, 1 thread, AMD EPYC (Zen 4 class), per-channel
+    against lanes, us: every stride-2 shape (96 x 112x112 -> 56 355 / 310, 144 x 56x56 -> 28
+    155 / 102, 576 x 14x14 -> 7 102 / 38), rows of at most 8 (960 x 7x7 69 / 42, 768 x 7x7 7x7
+    363 / 90), and 5x5 / 7x7 windows on rows of up to 28 (480 x 14x14 5x5 145 / 102, 384 x
+    14x14 7x7 264 / 131, 240 x 28x28 5x5 199 / 179); 3x3 on rows of 14 and more stays
+    per-channel (384 x 14x14 43 / 50, 192 x 28x28 61 / 89), as does 7x7 on 56 (518 / 600).
     """
     if isa == "avx512":
-        return c >= 8 and (wo <= 8 or (sw > 1 and wo <= 16))
+        return c >= 8 and (sw > 1 or wo <= 8 or (kw >= 5 and wo <= 28))
     return c >= 8 and (wo <= 28 or sw > 1)
 
 
