@@ -67,11 +67,9 @@ def _max_pool(x, *, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad,
                                ceil_mode=ceil_mode, auto_pad=auto_pad)
     kh, kw = kernel_shape
     n, c, h, w = x.shape
-    # (stride 1 on rows of <= 24 at 1 thread: NumPy's flattened passes below, the C kernel's
-    # per-row loops being short there; bench/cpu_ops_ab.py: SPPF's 5x5 on (1, 256, 20, 20)
-    # 0.24 ms NumPy, 0.26 C at 1 thread, 0.20 / 0.15 at 2)
-    if native.LIB is not None and x.dtype == np.float32 and (
-            not (sh == sw == 1 and w <= 24 and threads == 1) or native.CALLS.cheap):
+    # (stride 1 runs as two flat passes over each padded plane in C, as _max_pool_s1 below in
+    # NumPy: SPPF's 5x5 on (1, 256, 20, 20), 1 thread, 0.24 ms NumPy, 0.10 C, ORT 0.09)
+    if native.LIB is not None and x.dtype == np.float32:
         x = native.contiguous(x)
         y = np.empty((n, c, ho, wo), np.float32)
         if threads > 1 and y.size >= BIG and n * c > 1:  # planes in parts on the library's pool
