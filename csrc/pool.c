@@ -36,34 +36,20 @@ static void out_row(const float *restrict xp, float *restrict out, float *restri
         /* the usual windows (2 or 3 rows inside the image): their rows' max in one pass, one
          * store of tmp and one of seen per column instead of one per row (the rows pass was
          * store-bound: 0.32 ms on a ResNet stem's (1, 64, 112, 112) pool) */
-        const float *restrict r[8];
+        const float *restrict r[3];
         int nr = 0;
-        for (int ky = 0; ky < kh && nr <= 8; ky++) {
+        for (int ky = 0; ky < kh && nr <= 3; ky++) {
             const int row = i * sh - pt + ky;
             if (row >= 0 && row < h) {
-                if (nr < 8) r[nr] = xp + (long)row * w;
+                if (nr < 3) r[nr] = xp + (long)row * w;
                 nr++;
             }
         }
-        if (nr >= 2 && nr <= 8) {  /* (up to 8 rows: YOLO's SPPF pools are 5x5) */
-            /* vmaxps(v, m) is fastmax(m, v), rows in order; a NaN or infinity shows in seen */
-            const __m256 zero = _mm256_setzero_ps();
-            int c = 0;
-            for (; c + 8 <= w; c += 8) {
-                __m256 m = _mm256_loadu_ps(r[0] + c), z = _mm256_mul_ps(m, zero);
-                for (int k = 1; k < nr; k++) {
-                    __m256 v = _mm256_loadu_ps(r[k] + c);
-                    m = _mm256_max_ps(v, m);
-                    z = _mm256_add_ps(z, _mm256_mul_ps(v, zero));
-                }
-                _mm256_storeu_ps(tmp + c, m);
-                _mm256_storeu_ps(seen + c, _mm256_add_ps(_mm256_loadu_ps(seen + c), z));
-            }
-            for (; c < w; c++) {
-                float m = r[0][c], z = r[0][c] * 0.0f;
-                for (int k = 1; k < nr; k++) { m = fastmax(m, r[k][c]); z += r[k][c] * 0.0f; }
-                tmp[c] = m;
-                seen[c] += z;
+        if (nr == 2 || nr == 3) {
+            const float *restrict a = r[0], *restrict b = r[1], *restrict c3 = nr == 3 ? r[2] : r[1];
+            for (int c = 0; c < w; c++) {
+                tmp[c] = fastmax(fastmax(a[c], b[c]), c3[c]);
+                seen[c] += a[c] * 0.0f + b[c] * 0.0f + c3[c] * 0.0f;
             }
             goto cols;
         }
@@ -90,37 +76,6 @@ static void out_row(const float *restrict xp, float *restrict out, float *restri
     if (first)  /* (a window of padding only: ceil_mode's last one can be) */
         for (int c = 0; c < w; c++) tmp[c] = -INFINITY;
 cols:
-    if (!strict && sw == 1 && kw > 1) {
-        /* stride 1: the columns whose taps are all inside the row in one vectorized pass (one
-         * store each, not one per tap: a 5x5 pool's five passes over the row were most of it);
-         * the others tap by tap as below */
-        long jl = lim[0], jh = lim[1];
-        for (int kx = 1; kx < kw; kx++) {
-            if (lim[2 * kx] > jl) jl = lim[2 * kx];
-            if (lim[2 * kx + 1] < jh) jh = lim[2 * kx + 1];
-        }
-        if (jl <= jh) {
-            const float *restrict t = tmp - pl;
-            long j = jl;
-            for (; j + 8 <= jh + 1; j += 8) {
-                __m256 m = _mm256_loadu_ps(t + j);
-                for (int kx = 1; kx < kw; kx++) m = _mm256_max_ps(_mm256_loadu_ps(t + j + kx), m);
-                _mm256_storeu_ps(out + j, m);
-            }
-            for (; j <= jh; j++) {
-                float m = t[j];
-                for (int kx = 1; kx < kw; kx++) m = fastmax(m, t[j + kx]);
-                out[j] = m;
-            }
-            for (j = 0; j < wo; j++) {
-                if (j == jl) { j = jh; continue; }
-                out[j] = -INFINITY;
-                for (int kx = 0; kx < kw; kx++)
-                    if (j >= lim[2 * kx] && j <= lim[2 * kx + 1]) out[j] = fastmax(out[j], t[j + kx]);
-            }
-            return;
-        }
-    }
     if (!strict && sw == 2 && kw == 3) {
         /* the columns whose three taps are all inside the row in one pass (one store each,
          * not one per tap); the others tap by tap as below */

@@ -29,9 +29,10 @@ from .ops.conv1d import CHEAP_IN_C
 ACTIVATIONS = native.ACTIVATIONS
 BIG = 1 << 14  # elements; a smaller activation is not worth a second thread (C pool: ~1-5 us a hand-off)
 SMALL = 4096  # elements; a smaller activation runs its NumPy reference kernel
-# bytes; a smaller weight keeps its float32 array beside its packs: a product by it may be
-# small enough for NumPy's dot (fused.SMALL_FLOP: 2 * rows * K * N below it; ~3 us against the
-# packed call's ~17), which reads the array. From this size on, even one row is not.
+# bytes; a smaller weight keeps its float32 array beside its packs unless every product's rows
+# are known to be past NumPy's dot (CpuProgram._worth_releasing): a product under
+# fused.SMALL_FLOP (2 * rows * K * N; ~3 us against the packed call's ~17) runs NumPy's dot,
+# which reads the array. From this size on, even one row is not.
 RELEASE_MIN = 2 * fused_ops.SMALL_FLOP
 
 # Kernels allocate their outputs every run: freed pages are kept for the next one (native.py says why).
@@ -134,9 +135,9 @@ class CpuProgram(Program):
             return True
         for nm in names:
             for n in self._readers.get(nm, ()):
-                a, w = self.graph.values.get(n.inputs[0]), self.graph.values.get(nm)
+                a = self.graph.values.get(n.inputs[0])
                 shape = None if a is None else a.shape
-                if not shape or w is None or not w.shape or not all(isinstance(d, int) and d > 0 for d in shape):
+                if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
                     return False
                 rows = shape[-1] if n.op == "gemm" and n.attrs.get("trans_a") else int(np.prod(shape[:-1]))
                 if 2 * rows * nbytes // 4 < fused_ops.SMALL_FLOP:

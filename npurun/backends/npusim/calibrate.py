@@ -3,8 +3,9 @@
 The free parameters are the calibrated ones of a device file: the matrix unit's efficiency
 per precision family (share of peak on full tiles), the vector units' efficiency, and the
 per-op and per-graph overheads (one per precision family in a device file; the fit ties them:
-one graph overhead, and an op overhead per byte of activation, see ACT_BYTES). Everything else (MACs per cycle, tiles,
-bandwidths, placement, fusion) is fixed by the device description and the graph.
+one graph overhead, and an op overhead per byte of activation, see ACT_BYTES). Everything else
+(MACs per cycle, tiles, bandwidths, placement, fusion) is fixed by the device description and
+the graph.
 
 A node's time is max(c, m) + min(c, m) / p + o with c = c1 / efficiency (c1: compute time at
 efficiency 1), m the transfer time, p the pipeline depth and o the node's share of the op
