@@ -492,7 +492,11 @@ int npr_dwconv2d_cl(const float *x, int C, int H, int W, const float *w, const f
 int npr_dwconv2d_cl16(const float *x, int C, int H, int W, const float *w, const float *bias,
                       int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
                       int act, float alpha, float beta, float *y, int Ho, int Wo, int c0, int c1);
-static const dw_fn DW_KINDS[4] = {npr_dwconv2d, npr_dwconv2d_cl, npr_dwconv2d_avx512, npr_dwconv2d_cl16};
+int npr_dwconv2d_flat(const float *x, int C, int H, int W, const float *w, const float *bias,
+                      int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
+                      int act, float alpha, float beta, float *y, int Ho, int Wo, int c0, int c1);
+static const dw_fn DW_KINDS[5] = {npr_dwconv2d, npr_dwconv2d_cl, npr_dwconv2d_avx512, npr_dwconv2d_cl16,
+                                  npr_dwconv2d_flat};
 
 typedef struct {
     dw_fn fn; const float *x; int C, H, W; const float *w, *bias; int kh, kw, sh, sw, dh, dw, pt, pl;
@@ -516,13 +520,14 @@ static void dw_chunk(void *ctx, int i)
 /* One image of a depthwise conv, its channels [c0, c1) in `chunks` bands (a piece of the node:
  * nativeconv cuts at multiples of 8); kind: 0 the per-channel kernel above, 1 the
  * channels-in-lanes kernel of dwconv_cl.c (nativeconv.dw_lanes_chosen), 2 the per-channel
- * kernel in AVX-512, 3 the channels-in-lanes kernel with 16 lanes (AVX-512; kind 1's bits). */
+ * kernel in AVX-512, 3 the channels-in-lanes kernel with 16 lanes (AVX-512; kind 1's bits), 4 a
+ * plane as one flat row (dwconv_flat.c: small maps, AVX-512; kind 2's bits). */
 int npr_dwconv2d_mt(const float *x, int C, int H, int W, const float *w, const float *bias,
                     int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
                     int act, float alpha, float beta, float *y, int Ho, int Wo, int threads, int chunks,
                     int kind, int c0, int c1)
 {
-    if (kind < 0 || kind > 3) return -2;
+    if (kind < 0 || kind > 4) return -2;
     dw_job j = {DW_KINDS[kind], x, C, H, W, w, bias, kh, kw, sh, sw, dh, dw, pt, pl,
                 act, alpha, beta, y, Ho, Wo, chunks, kind == 1 ? 8 : kind == 3 ? 16 : 1, c0, c1, 0};
     par_run(dw_chunk, &j, chunks, threads);

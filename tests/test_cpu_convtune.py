@@ -407,12 +407,13 @@ def test_depthwise_convs_choose_between_their_kernels_grouped_ones_between_the_r
     xs, ws, a = ((1, 32, 20, 20), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]})
     x, w = nonzero_normal(rng, xs), nonzero_normal(rng, ws)
     want = KERNELS["conv"](x, w, None, **_attrs(a))
-    for fastest in ("dw_lanes", "direct"):
+    kernels = {"rule", "direct", "dw_lanes"} | ({"dw_flat"} if native.ISA == "avx512" else set())  # (20x20 fits it)
+    for fastest in sorted(kernels - {"rule"}):
         new_process(monkeypatch)
         fresh.unlink(missing_ok=True)
         seen = fake_clock(monkeypatch, {"rule": 1.0, fastest: 0.5})
         y = nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 1, {})
-        assert set(seen) == {"rule", "direct", "dw_lanes"} and list(convtune.choices().values()) == [fastest]
+        assert set(seen) == kernels and list(convtune.choices().values()) == [fastest]
         np.testing.assert_array_equal(y, nativeconv.conv2d(x, w, None, _attrs(a), None, {}, 1, {}, algo=fastest))
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=2e-5)
     new_process(monkeypatch)
@@ -444,6 +445,8 @@ def test_candidates_follow_each_kernels_preconditions():
     assert "gemm" not in big and "tgemm" not in big and "flat" in big
     assert convtune.dw_candidates([1, 1]) == ["rule", "direct", "dw_lanes"]
     assert convtune.dw_candidates([0, -1]) == []  # a crop: the per-channel kernel alone
+    assert convtune.dw_candidates([1, 1], flat=True) == ["rule", "direct", "dw_lanes", "dw_flat"]
+    assert convtune.dw_candidates([-1, 1], flat=True) == ["rule", "direct", "dw_flat"]
 
 
 def fake_clock(monkeypatch, times: dict):

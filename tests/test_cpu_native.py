@@ -8,6 +8,7 @@ import pytest
 
 import npurun
 from npurun.backends.cpu import native, nativeconv
+from npurun.errors import BackendError
 from npurun.backends.reference.kernels import KERNELS
 from npurun.ir import parse
 
@@ -156,6 +157,60 @@ def test_depthwise_lanes_16_are_the_8_lane_kernel_bit_for_bit(threads, rng):
             want = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, threads, {}, "avx2", "dw_lanes")
             np.testing.assert_array_equal(got, want, err_msg=f"{xs} k={k} {a} {act}")
         close(got, KERNELS["conv"](x, w, b, **_attrs(a)), None)
+
+
+@pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_flat_planes_are_the_per_channel_kernel_bit_for_bit(threads, rng, monkeypatch):
+    """dwconv_flat.c (a small plane as one flat row of 16-output vectors, masked taps; stride 2
+    through its phase planes): the per-channel AVX-512 kernel's bits and the reference's values;
+    random small maps (1 to 32 wide, odd sizes, planes of 1 to 1024 outputs, across vector
+    ends), windows 1-7 (3x3, 5x5, 7x7 unrolled, others at run time), asymmetric and negative
+    pads, activations, channel bands on the pool; shapes it does not take are refused."""
+    monkeypatch.setattr(nativeconv, "MIN_FLOPS_PER_BAND", 1)  # channel bands on the pool even here
+    ran = 0
+    while ran < 30:
+        c = int(rng.integers(1, 40))
+        k = int(rng.choice([1, 2, 3, 3, 5, 7]))
+        s = int(rng.choice([1, 2]))
+        h, wd = int(rng.integers(max(1, k - 2), 33)), int(rng.integers(max(1, k - 2), 33))
+        pads = [int(p) for p in rng.integers(-1 if s == 1 else 0, k, 4)]
+        if s == 1:  # "same" along the width (what the kernel takes at stride 1)
+            pads[1] = int(rng.integers(0, k))
+            pads[3] = k - 1 - pads[1]
+        a = {"group": c, "strides": [s, s], "pads": pads}
+        ho = (h + pads[0] + pads[2] - k) // s + 1
+        wo = (wd + pads[1] + pads[3] - k) // s + 1
+        if ho < 2 or wo < 2:  # (one output along an axis: conv2d drops that stride, another geometry)
+            continue
+        # (a stride with one output along its axis is never applied: conv2d drops it)
+        geo = (k, k, 1 if ho == 1 else s, 1 if wo == 1 else s, 1, 1, pads[0], pads[1])
+        xs = (1, c, h, wd)
+        x = nonzero_normal(rng, xs)
+        w = nonzero_normal(rng, (c, 1, k, k)) * 0.3
+        b = nonzero_normal(rng, (c,))
+        if not nativeconv.dw_flat_fits(h, wd, geo, ho, wo):
+            with pytest.raises(BackendError, match="dw_flat"):
+                nativeconv.conv2d(x, w, b, _attrs(a), None, {}, threads, {}, "avx512", "dw_flat")
+            continue
+        ran += 1
+        for act in ("relu", "hard_swish", None):
+            got = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, threads, {}, "avx512", "dw_flat")
+            want = nativeconv.conv2d(x, w, b, _attrs(a), act, {}, threads, {}, "avx512", "direct")
+            np.testing.assert_array_equal(got, want, err_msg=f"{xs} k={k} {a} {act}")
+        if min(pads) >= 0:  # (the reference pads with np.pad: no crops)
+            close(got, KERNELS["conv"](x, w, b, **_attrs(a)), None)
+
+
+def test_depthwise_flat_fits_what_the_kernel_takes():
+    """nativeconv.dw_flat_fits and csrc/dwconv_flat.c's own check agree (the Python rule offers
+    the kernel, the C one refuses anything else with -2)."""
+    for h, wd, k, s, ho, wo in [(7, 7, 3, 1, 7, 7), (7, 8, 3, 1, 7, 7), (28, 28, 3, 2, 14, 14), (28, 28, 3, 2, 13, 13),
+                                (40, 40, 3, 1, 40, 40), (14, 14, 9, 1, 14, 14), (10, 10, 3, 3, 4, 4)]:
+        geo = (k, k, s, s, 1, 1, 1, 1)
+        assert nativeconv.dw_flat_fits(h, wd, geo, ho, wo) == bool(
+            native.LIB.npr_dwconv2d_flat_fits(h, wd, k, k, s, s, 1, 1, ho, wo)), (h, wd, k, s, ho, wo)
+    assert not nativeconv.dw_flat_fits(7, 7, (3, 3, 1, 1, 2, 2, 2, 2), 7, 7)  # dilated
 
 
 @pytest.mark.skipif("avx512" not in native.conv_isas(), reason="this CPU has no AVX-512")

@@ -84,9 +84,10 @@ def path() -> Path:
 # the transposed product; 10: its copy and packing on the threads; 11: its tile stored by
 # transposes, ~1.2x on convs from RGB; 12: pointwise ones packed once for all threads; 13: its
 # activation per group of pixels, in C; 14: the rule picks it for one-row outputs, 1-D convs;
-# 15: grouped convs measured, each group as the transposed product against the rule's kernels):
-# choices measured against the old kernels (or without a candidate now offered) are measured again.
-KERNELS = 15
+# 15: grouped convs measured, each group as the transposed product against the rule's kernels;
+# 16: depthwise convs on small maps as one flat row a plane, dwconv_flat.c): choices measured
+# against the old kernels (or without a candidate now offered) are measured again.
+KERNELS = 16
 
 
 def machine() -> str:
@@ -193,10 +194,14 @@ def tgemm_fits(c, geo, ho, wo, begin, end) -> bool:
         * ((wo - 1) * sw + (kw - 1) * dw + 1) <= TGEMM_MAX_BYTES
 
 
-def dw_candidates(begin) -> list[str]:
-    """A depthwise conv's kernels: the per-channel one ("direct") and, where no pad is negative,
-    the one with 8 channels in the lanes (dwconv_cl.c)."""
-    return ["rule", "direct", "dw_lanes"] if min(begin) >= 0 else []
+def dw_candidates(begin, flat: bool = False) -> list[str]:
+    """A depthwise conv's kernels: the per-channel one ("direct"), where no pad is negative the
+    one with the channels in the lanes (dwconv_cl.c), and where it fits (`flat`:
+    nativeconv.dw_flat_fits) a small plane as one flat row (dwconv_flat.c)."""
+    cands = ["rule", "direct", "dw_lanes"] if min(begin) >= 0 else ["rule", "direct"]
+    if flat:
+        cands.append("dw_flat")
+    return cands if len(cands) > 2 else []
 
 
 def choose(key: tuple, flops: float, cands: list, run) -> tuple[str, bool]:

@@ -64,6 +64,9 @@ def _signatures() -> dict:
         "npr_dwconv2d_cl": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
         "npr_dwconv2d_cl16": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
         "npr_dwconv2d_avx512": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
+        # dwconv_flat.c: depthwise on small maps, a plane as one flat row (AVX-512)
+        "npr_dwconv2d_flat": ([P, I, I, I, P, P] + [I] * 8 + [I, F, F, P, I, I, I, I], I),
+        "npr_dwconv2d_flat_fits": ([I] * 10, I),
         "npr_activation": ([P, P, L, I, F, F], None),
         # par.c: the floating-point mode of a run (flush_subnormals)
         "npr_fp_enter": ([], ctypes.c_uint),

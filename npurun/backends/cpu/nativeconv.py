@@ -31,7 +31,7 @@ from .native import LIB, act_params, ptr
 MR = 4  # output channels per microkernel tile (csrc/conv.c)
 # The depthwise kernels by kind (_depthwise says which is which; conv.c's DW_KINDS in order)
 DW_KERNELS = () if LIB is None else (LIB.npr_dwconv2d, LIB.npr_dwconv2d_cl, LIB.npr_dwconv2d_avx512,
-                                     LIB.npr_dwconv2d_cl16)
+                                     LIB.npr_dwconv2d_cl16, LIB.npr_dwconv2d_flat)
 MIN_FLOPS_PER_BAND = 2e6  # below this a band costs more to hand to a thread than to run
 DW_FLOP_COST = 8  # a depthwise conv's FLOP in dense-conv FLOPs of time (for its bands)
 # Pieces' time model: dense FLOP/s per thread (on the low side of the kernels' 30-60 on the
@@ -78,7 +78,7 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
     by flat_chosen / gemm_chosen / smallc_chosen / winograd.chosen / dw_lanes_chosen; "direct",
     "winograd", "flat", "gemm", "tgemm" (the transposed product, output channels in the vectors, _tgemm),
     "smallc", "dw_lanes" (depthwise with the channels in the lanes; "direct" is the per-channel
-    one) forces one (tests, benches).
+    one), "dw_flat" (depthwise, a small plane as one flat row) forces one (tests, benches).
     memo: `cache` is one node's, whose weights, attributes and activation never change (a
     program's conv step, CpuProgram.lower): once planned for x's shape, the plan is also kept
     as cache["memo", x.shape], which the step calls on a contiguous float32 x of that shape
@@ -149,7 +149,8 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         shape_key = (x.shape, w.shape, geo, tuple(end), group, threads, isa or native.ISA, act)
         # (work: the whole call's, every image of the batch)
         if group == c == m and cg == 1:  # depthwise: its two kernels, in time-equivalent FLOPs
-            cands, work = convtune.dw_candidates(begin), DW_FLOP_COST * flops * n
+            flat_ok = (isa or native.ISA) == "avx512" and dw_flat_fits(h, wd, geo, ho, wo)
+            cands, work = convtune.dw_candidates(begin, flat_ok), DW_FLOP_COST * flops * n
         else:
             cands, work = convtune.candidates(c, m, group, geo, ho, wo, begin, end), flops * n
         # Each candidate plans and packs into a scratch copy of the cache, and only the
@@ -180,10 +181,15 @@ def conv2d(x, w, b, attrs, act, act_attrs, threads, cache: dict, isa: str | None
         return _plan(cache, key, act_attrs, attrs, x, lambda x: _wide_groups(
             x, w, b, dense, act, act_attrs, threads, cache, isa, empty(yshape)))
     if group == c == m and cg == 1:  # depthwise
-        lanes = (algo == "dw_lanes" or algo is None and dw_lanes_chosen(c, wo, sw, isa or native.ISA, kw)) \
-            and min(begin) >= 0
         wide = (isa or native.ISA) == "avx512"
-        kind = (3 if wide else 1) if lanes else 2 if wide else 0
+        flat = wide and dw_flat_fits(h, wd, geo, ho, wo)
+        if algo == "dw_flat" and not flat:
+            raise BackendError(f"cpu conv: algo='dw_flat' needs AVX-512 and a small 'same' depthwise conv at "
+                               f"stride 1 or 2, got input {tuple(x.shape)}, output {ho}x{wo}, geometry {geo}")
+        flat = flat and (algo == "dw_flat" or algo is None and dw_flat_chosen(geo, wo))
+        lanes = not flat and (algo == "dw_lanes" or algo is None and dw_lanes_chosen(c, wo, sw, isa or native.ISA, kw)) \
+            and min(begin) >= 0
+        kind = 4 if flat else (3 if wide else 1) if lanes else 2 if wide else 0
         return _plan(cache, key, act_attrs, attrs, x, _depthwise_plan(
             x.shape, yshape, w, b, geo, epi, threads, cache, kind, flops))
     if algo is None and min(*begin, *end) >= 0 and batch_gemm_chosen(n, c, m, group, geo, ho, wo):
@@ -305,7 +311,7 @@ def _depthwise(x, y, w, b, geo, epi, threads, cache, kind, flops):
     """Bands of channels on the threads, pieces of channels on a contended device. kind: 0 the
     per-channel kernel (AVX2), 1 channels in the lanes (dwconv_cl.c), 2 per-channel in AVX-512
     (the same bits as 0, 16 columns a vector), 3 16 channels in the lanes (AVX-512, the same
-    bits as 1)."""
+    bits as 1), 4 a plane as one flat row (dwconv_flat.c: small maps, AVX-512, the same bits as 2)."""
     n, c, h, wd = x.shape
     ho, wo = y.shape[2:]
     _depthwise_weights(w, b, geo, cache)
@@ -487,6 +493,31 @@ def dw_lanes_chosen(c: int, wo: int, sw: int, isa: str = "avx2", kw: int = 3) ->
     if isa == "avx512":
         return c >= 8 and (sw > 1 or wo <= 8 or (kw >= 5 and wo <= 28))
     return c >= 8 and (wo <= 28 or sw > 1)
+
+
+DW_FLAT_MAX_OUT = 1024  # csrc/dwconv_flat.c's FLAT_MAX_OUT
+
+
+def dw_flat_fits(h: int, wd: int, geo: tuple, ho: int, wo: int) -> bool:
+    """Whether dwconv_flat.c takes a depthwise conv (npr_dwconv2d_flat_fits says the same): no
+    dilation, the same stride both ways, 1 or 2, a window of at most 49 taps, at most
+    DW_FLAT_MAX_OUT outputs a plane, and the input's columns on the output's row pitch: at
+    stride 1 rows as wide as the output's ("same" padding), at stride 2 phase rows that fit it."""
+    kh, kw, sh, sw, dh, dw = geo[:6]
+    if dh != 1 or dw != 1 or sh != sw or kh * kw > 49 or not 0 < ho * wo <= DW_FLAT_MAX_OUT:
+        return False
+    return wd == wo if sh == 1 else sh == 2 and (wd + 1) // 2 <= wo
+
+
+def dw_flat_chosen(geo: tuple, wo: int) -> bool:
+    """A 3x3 stride-1 depthwise conv on rows of at most 14 as one flat row a plane (AVX-512,
+    dwconv_flat.c), where dw_flat_fits. `python bench/dwconv.py --threads 1`, AMD EPYC (Zen 4
+    class), 2026-12-06, us flat / 16 lanes / per channel: 960 x 7x7 29-37 / 38-41 / 62-68,
+    384 x 14x14 36-40 / 45-58 / 39-49; on 28x28 it ties the per-channel kernel (64 / 57-75), and
+    at stride 2 or with 5x5 / 7x7 windows the lanes win (576 x 14x14 s2 52 / 34, 768 x 7x7 7x7
+    103-114 / 85): each tap there is a load across two cache lines or a shift in registers, where
+    the lanes load one aligned vector. convtune measures it beside the others wherever it fits."""
+    return geo[:4] == (3, 3, 1, 1) and wo <= 14
 
 
 def grouped_tgemm_chosen(cg: int, geo: tuple, ho: int, wo: int, begin, end) -> bool:
