@@ -356,11 +356,13 @@ void npr_softmax_mt(const float *x, const float *mask, float *y, long rows, long
 #include <stdlib.h>
 void npr_gemm_pack_avx2(const float *, float *, long, long);
 void npr_gemm_pack_avx512(const float *, float *, long, long);
+void npr_gemm_pack_t_avx2(const float *, float *, long, long);
+void npr_gemm_pack_t_avx512(const float *, float *, long, long);
 int npr_gemm_nr_avx2(void);
 int npr_gemm_nr_avx512(void);
 
 typedef struct {
-    int isa512;
+    int isa512, tb;  /* tb: each item's B given as its transpose, N x K rows (attention's keys) */
     const float *a, *b;
     float *c;
     long batch, M, K, N;
@@ -374,15 +376,19 @@ static void bmm_chunk(void *ctx, int t)
     float *bp = aligned_alloc(64, (size_t)((panels * j->K * nr * sizeof(float) + 63) & ~63UL));
     if (!bp) { atomic_store(&j->rc, -1); return; }
     const float *b = j->b + t * j->K * j->N;
-    (j->isa512 ? npr_gemm_pack_avx512 : npr_gemm_pack_avx2)(b, bp, j->K, j->N);
+    if (j->tb)
+        (j->isa512 ? npr_gemm_pack_t_avx512 : npr_gemm_pack_t_avx2)(b, bp, j->K, j->N);
+    else
+        (j->isa512 ? npr_gemm_pack_avx512 : npr_gemm_pack_avx2)(b, bp, j->K, j->N);
     (j->isa512 ? npr_gemm_avx512 : npr_gemm_avx2)(j->a + t * j->M * j->K, bp, j->c + t * j->M * j->N, NULL, NULL,
                                                   j->M, j->K, j->N, 0, panels);
     free(bp);
 }
 
-int npr_bmm_mt(int isa512, const float *A, const float *B, float *C, long batch, long M, long K, long N, int threads)
+int npr_bmm_mt(int isa512, const float *A, const float *B, float *C, long batch, long M, long K, long N, int threads,
+               int tb)
 {
-    bmm_job j = {isa512, A, B, C, batch, M, K, N, 0};
+    bmm_job j = {isa512, tb, A, B, C, batch, M, K, N, 0};
     par_run(bmm_chunk, &j, (int)batch, threads);
     return atomic_load(&j.rc);
 }

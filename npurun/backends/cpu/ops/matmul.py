@@ -73,7 +73,8 @@ def matmul_add(program, a, b, adds=()):
     elif a.shape[:-2] == b.shape[:-2]:
         out_shape = a.shape[:-1] + (N,)
         a2 = native.contiguous(a).reshape(-1, a.shape[-2], K)
-        b2 = native.contiguous(b).reshape(-1, K, N)
+        bs, tb = _b_items(b)
+        b2 = bs.reshape(-1, N, K).swapaxes(-1, -2) if tb else bs.reshape(-1, K, N)
         rows, units = a2.shape[0] * a2.shape[1], a2.shape[0]
     else:
         return None
@@ -107,16 +108,21 @@ def matmul_add(program, a, b, adds=()):
                 return
             np.add(yb, c[u0 * per:u1 * per] if full else c, out=yb)
 
-    if parts > 1 and b2.ndim == 2:  # b packed for this call, its panels on the library's pool
+    # The packed sgemm, b packed for this call, outruns NumPy's OpenBLAS at one thread too
+    # (1 thread, AMD EPYC AVX-512, ms packed / OpenBLAS: YOLOS's P @ V 3 x 677x677 @ 677x64
+    # 1.56 / 1.81, BERT's 12 x 128x128 @ 128x64 0.24 / 0.28, DeiT's 6 x 197x197 @ 197x64 0.28 /
+    # 0.32; Q @ K^T, K=64, ties); NumPy keeps the small products.
+    own = _bmm() is not None and 2 * rows * K * N >= MIN_FLOP
+    if (parts > 1 or own) and b2.ndim == 2:  # b packed for this call, its panels on the library's pool
         done = linear(program, a, b, {}, adds, weights=False)
         if done is not None:
             return done
         parts = 1
-    if parts > 1:  # the heads on the library's spinning pool, each packed then multiplied
+    if parts > 1 or own and b2.ndim == 3:  # the heads on the library's spinning pool, each packed then multiplied
         # (pieces: ranges of heads, each computed as in the whole call)
         for u0, u1 in pieces.each(_cut(units, 2 * rows * K * N, parts, None)):
-            if _bmm()(native.ISA == "avx512", native.ptr(a2[u0:]), native.ptr(b2[u0:]), native.ptr(y2[u0 * per:]),
-                      u1 - u0, per, K, N, program.threads):
+            if _bmm()(native.ISA == "avx512", native.ptr(a2[u0:]), native.ptr(bs) + u0 * K * N * 4,
+                      native.ptr(y2[u0 * per:]), u1 - u0, per, K, N, program.threads, tb):
                 raise MemoryError("the batched matmul could not allocate its panel buffer")
         for c, full in flat:
             if full is None:
@@ -242,6 +248,16 @@ def _bmm():
     return None if lib is None else lib.npr_bmm_mt
 
 
+def _b_items(b: np.ndarray) -> tuple[np.ndarray, int]:
+    """b (B..., K, N) as the batched sgemm reads it: C-order items (0), or, where b is the
+    transposed view of C-order (B..., N, K) items (attention's K^T of its keys), those items
+    as they are (1: packed straight from them, npr_bmm_mt's tb)."""
+    bt = np.swapaxes(b, -1, -2)
+    if not b.flags.c_contiguous and bt.flags.c_contiguous:
+        return bt, 1
+    return native.contiguous(b), 0
+
+
 def _cut(total: int, flop: float, parts: int, cal: dict | None):
     """[0, total) whole, or in pieces (backends/pieces.py, issue L: a preemption point between
     two; `parts` threads share each piece)."""
@@ -335,10 +351,10 @@ def _recorded(program, a, b):
     if a.shape[:-2] != b.shape[:-2] or _bmm() is None:
         return None
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
-    a2, b2 = native.contiguous(a), native.contiguous(b)
+    a2, (b2, tb) = native.contiguous(a), _b_items(b)
     y = np.empty(a.shape[:-1] + (N,), np.float32)
     if _bmm()(native.ISA == "avx512", native.ptr(a2), native.ptr(b2), native.ptr(y), a2.size // (M * K), M, K, N,
-              program.threads):
+              program.threads, tb):
         raise MemoryError("the batched matmul could not allocate its panel buffer")
     return y
 
@@ -349,10 +365,9 @@ def make_matmul(program):
             y = _recorded(program, a, b)
             if y is not None:
                 return y
-        # One thread, or a product too small to split: NumPy straight away (~2 us, where the
+        # A product too small to split or to pack: NumPy straight away (~2 us, where the
         # banding's checks cost ~10: silero-like graphs of tiny nodes feel it).
-        if program.threads == 1 or a.ndim < 2 or b.ndim < 2 \
-                or 2 * a.size * b.shape[-1] < MIN_FLOP:
+        if a.ndim < 2 or b.ndim < 2 or 2 * a.size * b.shape[-1] < MIN_FLOP:
             return REF["matmul"](a, b)
         y = matmul_add(program, a, b)
         return REF["matmul"](a, b) if y is None else y
