@@ -352,12 +352,17 @@ void npr_softmax_mt(const float *x, const float *mask, float *y, long rows, long
 
 /* ---- Batched C[t] = A[t] @ B[t] (attention's Q @ K^T and P @ V: (12, 128, 32) @ (12, 32, 128)
  * and back in MiniLM), B changing every run: each item's B is packed into the chunk's own
- * panel buffer, then the packed sgemm runs it; items are claimed one at a time from the pool. */
+ * panel buffer, then the packed sgemm runs it; items are claimed one at a time from the pool.
+ * B is read where it lies: items `bitem` floats apart, rows `brow` apart, or (tb) given as
+ * the transposes of N x K items (attention's keys for Q @ K^T): a view of heads side by side
+ * is packed with no contiguous copy first. */
 #include <stdlib.h>
 void npr_gemm_pack_avx2(const float *, float *, long, long);
 void npr_gemm_pack_avx512(const float *, float *, long, long);
-void npr_gemm_pack_t_avx2(const float *, float *, long, long);
-void npr_gemm_pack_t_avx512(const float *, float *, long, long);
+void npr_gemm_pack_t_avx2(const float *, long, float *, long, long);
+void npr_gemm_pack_t_avx512(const float *, long, float *, long, long);
+void npr_gemm_pack_ld_avx2(const float *, long, float *, long, long);
+void npr_gemm_pack_ld_avx512(const float *, long, float *, long, long);
 int npr_gemm_nr_avx2(void);
 int npr_gemm_nr_avx512(void);
 
@@ -365,7 +370,7 @@ typedef struct {
     int isa512, tb;  /* tb: each item's B given as its transpose, N x K rows (attention's keys) */
     const float *a, *b;
     float *c;
-    long batch, M, K, N;
+    long batch, M, K, N, bitem, brow;  /* B's items and rows bitem and brow floats apart */
     atomic_int rc;
 } bmm_job;
 
@@ -375,20 +380,20 @@ static void bmm_chunk(void *ctx, int t)
     long nr = j->isa512 ? npr_gemm_nr_avx512() : npr_gemm_nr_avx2(), panels = (j->N + nr - 1) / nr;
     float *bp = aligned_alloc(64, (size_t)((panels * j->K * nr * sizeof(float) + 63) & ~63UL));
     if (!bp) { atomic_store(&j->rc, -1); return; }
-    const float *b = j->b + t * j->K * j->N;
+    const float *b = j->b + t * j->bitem;
     if (j->tb)
-        (j->isa512 ? npr_gemm_pack_t_avx512 : npr_gemm_pack_t_avx2)(b, bp, j->K, j->N);
+        (j->isa512 ? npr_gemm_pack_t_avx512 : npr_gemm_pack_t_avx2)(b, j->brow, bp, j->K, j->N);
     else
-        (j->isa512 ? npr_gemm_pack_avx512 : npr_gemm_pack_avx2)(b, bp, j->K, j->N);
+        (j->isa512 ? npr_gemm_pack_ld_avx512 : npr_gemm_pack_ld_avx2)(b, j->brow, bp, j->K, j->N);
     (j->isa512 ? npr_gemm_avx512 : npr_gemm_avx2)(j->a + t * j->M * j->K, bp, j->c + t * j->M * j->N, NULL, NULL,
                                                   j->M, j->K, j->N, 0, panels);
     free(bp);
 }
 
 int npr_bmm_mt(int isa512, const float *A, const float *B, float *C, long batch, long M, long K, long N, int threads,
-               int tb)
+               int tb, long bitem, long brow)
 {
-    bmm_job j = {isa512, tb, A, B, C, batch, M, K, N, 0};
+    bmm_job j = {isa512, tb, A, B, C, batch, M, K, N, bitem, brow, 0};
     par_run(bmm_chunk, &j, (int)batch, threads);
     return atomic_load(&j.rc);
 }

@@ -79,11 +79,11 @@ static inline __attribute__((always_inline)) void GEMM_TILE(const float *A, long
 /* Row k of B goes to row k of every panel: whole panels two vectors at a time, along B's rows
  * (the attention products pack a B every call: element by element, the packing was a tenth of
  * a 128 x 128 @ 128 x 64 head's time), the last partial panel element by element, zero padded. */
-void GEMM_PACK(const float *B, float *Bp, long K, long N)
+void GEMM_PACK_LD(const float *B, long ldb, float *Bp, long K, long N)
 {
     long np = (N + 2 * VL - 1) / (2 * VL), whole = N / (2 * VL);
     for (long k = 0; k < K; k++) {
-        const float *b = B + k * N;
+        const float *b = B + k * ldb;
         for (long p = 0; p < whole; p++) {
             float *d = Bp + (p * K + k) * 2 * VL;
             VSTORE(d, VLOAD(b + p * 2 * VL));
@@ -94,29 +94,35 @@ void GEMM_PACK(const float *B, float *Bp, long K, long N)
         for (long k = 0; k < K; k++)
             for (long j = 0; j < 2 * VL; j++) {
                 long col = p * 2 * VL + j;
-                Bp[(p * K + k) * 2 * VL + j] = col < N ? B[k * N + col] : 0.0f;
+                Bp[(p * K + k) * 2 * VL + j] = col < N ? B[k * ldb + col] : 0.0f;
             }
 }
 
-/* GEMM_PACK of B = Bt^T, Bt (N x K) row-major: attention's keys (tokens x head size) as the
+/* (B's rows `ldb` floats apart above: attention's values, a view of heads side by side) */
+void GEMM_PACK(const float *B, float *Bp, long K, long N)
+{
+    GEMM_PACK_LD(B, N, Bp, K, N);
+}
+
+/* GEMM_PACK of B = Bt^T, Bt (N x K) with rows `ldt` floats apart: attention's keys (tokens x head size) as the
  * K^T of Q @ K^T, packed straight from them: panel p's row k is column k of Bt's rows
  * p*NR .. p*NR+NR-1. (NumPy's matmul reads such a view in place, with BLAS's transposed-B
  * flag; a contiguous copy first, then the packing, made the packed product slower than it.) */
-void GEMM_PACK_T(const float *Bt, float *Bp, long K, long N)
+void GEMM_PACK_T(const float *Bt, long ldt, float *Bp, long K, long N)
 {
     long np = (N + 2 * VL - 1) / (2 * VL), whole = N / (2 * VL), k8 = K / 8 * 8;
     for (long p = 0; p < whole; p++) {  /* whole panels: 8 x 8 blocks transposed in registers */
         float *d = Bp + p * K * 2 * VL;
         for (long j0 = 0; j0 < 2 * VL; j0 += 8) {
-            const float *src = Bt + (p * 2 * VL + j0) * K;
+            const float *src = Bt + (p * 2 * VL + j0) * ldt;
             for (long k0 = 0; k0 < k8; k0 += 8) {
                 __m256 r[8];
-                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * K + k0);
+                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * ldt + k0);
                 npr_transpose8(r);
                 for (int i = 0; i < 8; i++) _mm256_storeu_ps(d + (k0 + i) * 2 * VL + j0, r[i]);
             }
             for (long k = k8; k < K; k++)
-                for (int i = 0; i < 8; i++) d[k * 2 * VL + j0 + i] = src[i * K + k];
+                for (int i = 0; i < 8; i++) d[k * 2 * VL + j0 + i] = src[i * ldt + k];
         }
     }
     for (long p = whole; p < np; p++) {
@@ -124,7 +130,7 @@ void GEMM_PACK_T(const float *Bt, float *Bp, long K, long N)
         for (long j = 0; j < 2 * VL; j++) {
             long row = p * 2 * VL + j;
             if (row < N) {
-                const float *src = Bt + row * K;
+                const float *src = Bt + row * ldt;
                 for (long k = 0; k < K; k++) d[k * 2 * VL + j] = src[k];
             } else {
                 for (long k = 0; k < K; k++) d[k * 2 * VL + j] = 0.0f;

@@ -311,6 +311,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #define GEMV_PANELS gemv_panels_avx2
 #define GEMM_PACK npr_gemm_pack_avx2
 #define GEMM_PACK_T npr_gemm_pack_t_avx2
+#define GEMM_PACK_LD npr_gemm_pack_ld_avx2
 #define GEMM_NR npr_gemm_nr_avx2
 #define GEMM npr_gemm_avx2
 #define GEMM_Q8 npr_gemm_q8_avx2
@@ -335,6 +336,7 @@ void npr_softmax(const float *x, const float *mask, float *y, long r0, long r1, 
 #undef GEMV_PANELS
 #undef GEMM_PACK
 #undef GEMM_PACK_T
+#undef GEMM_PACK_LD
 #undef GEMM_NR
 #undef GEMM
 #undef GEMM_Q8
@@ -371,6 +373,7 @@ static inline __m512 act256x2(__m512 v, int act, float a, float b)
 #define GEMV_PANELS gemv_panels_avx512
 #define GEMM_PACK npr_gemm_pack_avx512
 #define GEMM_PACK_T npr_gemm_pack_t_avx512
+#define GEMM_PACK_LD npr_gemm_pack_ld_avx512
 #define GEMM_NR npr_gemm_nr_avx512
 #define GEMM npr_gemm_avx512
 #define GEMM_Q8 npr_gemm_q8_avx512

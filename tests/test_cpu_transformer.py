@@ -335,6 +335,34 @@ def test_banded_blas_matmul(rng, shapes, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+def test_batched_matmul_reads_head_views_in_place_with_the_same_bits(rng, threads):
+    """Attention's products on views of heads side by side (keys and values split from one
+    projection, (1, T, H, D) transposed to heads): K^T packed straight from the keys (tb), the
+    values' rows read a head's width apart, no contiguous copy; the same floats as the product
+    of contiguous copies (the panels hold the same values), and the reference's values; K both
+    side of OWN_MIN_K, a last panel off the 32 columns, rows off the 8-row tile."""
+    for t, h, d in [(200, 3, 64), (150, 2, 160), (130, 4, 32)]:
+        x = nonzero_normal(rng, (1, t, 3 * h * d))
+        q, k, v = (x[..., i * h * d:(i + 1) * h * d].reshape(1, t, h, d).transpose(0, 2, 1, 3) for i in range(3))
+        kt = k.transpose(0, 1, 3, 2)
+        assert MM._b_items(kt)[1] == 1 and MM._b_items(v)[1] == 0 and MM._b_items(v)[3] == 3 * h * d
+        q = np.ascontiguousarray(q)
+        scores = MM.matmul_add(prog(threads), q, kt)
+        p = nonzero_normal(rng, (1, h, t, t))
+        out = MM.matmul_add(prog(threads), p, v)
+        # (where NumPy's sgemm takes a product, at one thread and K < OWN_MIN_K, its kernels for
+        # a view and for a copy round differently: values only)
+        if threads > 1 or d >= MM.OWN_MIN_K:
+            np.testing.assert_array_equal(scores, MM.matmul_add(prog(threads), q, np.ascontiguousarray(kt)))
+        if threads > 1 or t >= MM.OWN_MIN_K:
+            np.testing.assert_array_equal(out, MM.matmul_add(prog(threads), p, np.ascontiguousarray(v)))
+        np.testing.assert_allclose(scores, KERNELS["matmul"](q, kt), rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(out, KERNELS["matmul"](p, v), rtol=1e-5, atol=1e-4)
+    odd = np.zeros((4, 6, 5, 7), np.float32)[::2, ::3]  # batch dims that do not merge
+    assert MM._item_stride(odd) is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 def test_matmul_by_a_transposed_operand(rng, threads):
     """b a transposed view (MatMulNBits' dequantized weights, W.T): packed from a copy that
     must outlive the packing call (it was freed first, and 2 threads gave garbage rows)."""

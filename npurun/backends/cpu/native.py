@@ -113,7 +113,7 @@ def _signatures() -> dict:
         # gemm_mt.c: a conv as the transposed product (nativeconv._tgemm)
         "npr_tconvk_range_mt": ([I, P, L, L, L, L] + [I] * 8 + [L, L, P, P, P, L, I, F, F, L, L, I, I], I),
         "npr_tconvk_groups_mt": ([I, P, L, L, L, L, L] + [I] * 8 + [L, L, P, P, P, L, I, F, F, L, L, I], I),
-        "npr_bmm_mt": ([I, P, P, P, L, L, L, L, I, I], I),
+        "npr_bmm_mt": ([I, P, P, P, L, L, L, L, I, I, L, L], I),
         # nbits.c: 4-bit MatMulNBits with int8 activations (contrib/nbits.py)
         "npr_q8_rows": ([P, L, L, L, P, P], None),
         "npr_q4_gemm_mt": ([P, P, P, P, P, P, P, L, L, L, L, I, I], None),

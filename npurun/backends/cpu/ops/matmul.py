@@ -37,6 +37,7 @@ from .. import blas, native
 from .. import nativeconv
 
 MIN_FLOP = 2_000_000  # a smaller product runs on the calling thread (hand-off ~20-50 us)
+OWN_MIN_K = 128  # at one thread, a product by a computed b with a shorter K keeps NumPy's sgemm (matmul_add)
 # A product of a few rows (a decoder's step: one token) reads each weight once and is bound by
 # memory, not arithmetic: splitting it pays from a quarter of a megabyte of weights (medians on
 # the development VM, weights in cache: 768 x 768 at 2 threads 55 -> 36 us, 768 x 256 25 -> 19).
@@ -73,8 +74,8 @@ def matmul_add(program, a, b, adds=()):
     elif a.shape[:-2] == b.shape[:-2]:
         out_shape = a.shape[:-1] + (N,)
         a2 = native.contiguous(a).reshape(-1, a.shape[-2], K)
-        bs, tb = _b_items(b)
-        b2 = bs.reshape(-1, N, K).swapaxes(-1, -2) if tb else bs.reshape(-1, K, N)
+        bs, tb, bitem, brow = _b_items(b)
+        b2 = None  # (NumPy's path reshapes b: a copy where its batch dims do not merge)
         rows, units = a2.shape[0] * a2.shape[1], a2.shape[0]
     else:
         return None
@@ -98,31 +99,32 @@ def matmul_add(program, a, b, adds=()):
 
     def band(j):
         u0, u1 = edges[j], edges[j + 1]
-        if b2.ndim == 2:
+        if b.ndim == 2:
             np.matmul(a2[u0:u1], b2, out=y2[u0:u1])
         else:
-            np.matmul(a2[u0:u1], b2[u0:u1], out=y.reshape(-1, per, N)[u0:u1])
+            np.matmul(a2[u0:u1], b.reshape(-1, K, N)[u0:u1], out=y.reshape(-1, per, N)[u0:u1])
         yb = y2[u0 * per:u1 * per]
         for c, full in flat:
             if full is None:
                 return
             np.add(yb, c[u0 * per:u1 * per] if full else c, out=yb)
 
-    # The packed sgemm, b packed for this call, outruns NumPy's OpenBLAS at one thread too
-    # (1 thread, AMD EPYC AVX-512, ms packed / OpenBLAS: YOLOS's P @ V 3 x 677x677 @ 677x64
-    # 1.56 / 1.81, BERT's 12 x 128x128 @ 128x64 0.24 / 0.28, DeiT's 6 x 197x197 @ 197x64 0.28 /
-    # 0.32; Q @ K^T, K=64, ties); NumPy keeps the small products.
-    own = _bmm() is not None and 2 * rows * K * N >= MIN_FLOP
-    if (parts > 1 or own) and b2.ndim == 2:  # b packed for this call, its panels on the library's pool
+    # The packed sgemm, b packed for this call, outruns NumPy's OpenBLAS at one thread too where
+    # K is long (1 thread, AMD EPYC AVX-512, ms packed / OpenBLAS: YOLOS's P @ V 3 x 677x677 @
+    # 677x64 1.56 / 1.81, BERT's 12 x 128x128 @ 128x64 0.24 / 0.28, DeiT's 6 x 197x197 @ 197x64
+    # 0.28 / 0.32); on K = 64 (Q @ K^T) it loses (2.1 / 1.8-1.9: a tile's 64 steps do not
+    # pay for its set-up and stores), and NumPy keeps the small products.
+    own = _bmm() is not None and 2 * rows * K * N >= MIN_FLOP and K >= OWN_MIN_K
+    if (parts > 1 or own) and b.ndim == 2:  # b packed for this call, its panels on the library's pool
         done = linear(program, a, b, {}, adds, weights=False)
         if done is not None:
             return done
         parts = 1
-    if parts > 1 or own and b2.ndim == 3:  # the heads on the library's spinning pool, each packed then multiplied
+    if parts > 1 or own and b.ndim > 2:  # the heads on the library's spinning pool, each packed then multiplied
         # (pieces: ranges of heads, each computed as in the whole call)
         for u0, u1 in pieces.each(_cut(units, 2 * rows * K * N, parts, None)):
-            if _bmm()(native.ISA == "avx512", native.ptr(a2[u0:]), native.ptr(bs) + u0 * K * N * 4,
-                      native.ptr(y2[u0 * per:]), u1 - u0, per, K, N, program.threads, tb):
+            if _bmm()(native.ISA == "avx512", native.ptr(a2[u0:]), native.ptr(bs) + u0 * bitem * 4,
+                      native.ptr(y2[u0 * per:]), u1 - u0, per, K, N, program.threads, tb, bitem, brow):
                 raise MemoryError("the batched matmul could not allocate its panel buffer")
         for c, full in flat:
             if full is None:
@@ -248,14 +250,36 @@ def _bmm():
     return None if lib is None else lib.npr_bmm_mt
 
 
-def _b_items(b: np.ndarray) -> tuple[np.ndarray, int]:
-    """b (B..., K, N) as the batched sgemm reads it: C-order items (0), or, where b is the
-    transposed view of C-order (B..., N, K) items (attention's K^T of its keys), those items
-    as they are (1: packed straight from them, npr_bmm_mt's tb)."""
-    bt = np.swapaxes(b, -1, -2)
-    if not b.flags.c_contiguous and bt.flags.c_contiguous:
-        return bt, 1
-    return native.contiguous(b), 0
+def _b_items(b: np.ndarray) -> tuple[np.ndarray, int, int, int]:
+    """b (B..., K, N) float32 as the batched sgemm reads it, with no copy where it can:
+    (array, tb, item stride, row stride) in floats. tb 0: K rows of N floats; tb 1: b is the
+    transpose of N rows of K floats (attention's K^T: its keys, packed straight from them).
+    A view of heads side by side (keys and values split from one projection) has rows further
+    apart than their length; a copy is made only where the items are not evenly spaced or
+    neither axis is contiguous."""
+    K, N = b.shape[-2:]
+    sk, sn = b.strides[-2:]
+    item = _item_stride(b)
+    if item is not None:
+        if sn == 4 and sk % 4 == 0 and sk >= 4 * N:
+            return b, 0, item, sk // 4
+        if sk == 4 and sn % 4 == 0 and sn >= 4 * K:
+            return b, 1, item, sn // 4
+    c = native.contiguous(b)
+    return c, 0, K * N, N
+
+
+def _item_stride(b: np.ndarray) -> int | None:
+    """Floats between consecutive items of b's flattened batch dims, or None where they are not
+    evenly spaced (0 for a single item)."""
+    dims = [(n, st) for n, st in zip(b.shape[:-2], b.strides[:-2]) if n > 1]
+    for (_, s0), (n1, s1) in zip(dims, dims[1:]):
+        if s0 != s1 * n1:
+            return None
+    if not dims:
+        return 0
+    st = dims[-1][1]
+    return st // 4 if st > 0 and st % 4 == 0 else None
 
 
 def _cut(total: int, flop: float, parts: int, cal: dict | None):
@@ -351,10 +375,10 @@ def _recorded(program, a, b):
     if a.shape[:-2] != b.shape[:-2] or _bmm() is None:
         return None
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
-    a2, (b2, tb) = native.contiguous(a), _b_items(b)
+    a2, (b2, tb, bitem, brow) = native.contiguous(a), _b_items(b)
     y = np.empty(a.shape[:-1] + (N,), np.float32)
     if _bmm()(native.ISA == "avx512", native.ptr(a2), native.ptr(b2), native.ptr(y), a2.size // (M * K), M, K, N,
-              program.threads, tb):
+              program.threads, tb, bitem, brow):
         raise MemoryError("the batched matmul could not allocate its panel buffer")
     return y
 
