@@ -8,7 +8,8 @@ TensorFlow's "SAME" padding with strides, exported by tf2onnx, keras2onnx or a P
 (MobileNet, EfficientNet), is an explicit Pad before the conv; the conv kernels pad as they
 read, so the padded copy is never made. Only constant-mode pads whose value is 0 (or absent),
 with constant non-negative pads on the spatial axes only, before a conv whose auto_pad is
-NOTSET and which alone reads the padded value.
+NOTSET or VALID (no padding of its own: Hugging Face's EfficientNet writes its TF "same" padding
+as a ZeroPad2d before a "valid" conv) and which alone reads the padded value.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def fuse_pad(g: Graph) -> Graph:
         if nxt.op != "conv" or nxt.inputs[0] != chain[-1].outputs[0] or any(seen[i] or seen[i + rank] for i in (0, 1)):
             continue
         a = OPS["conv"].attrs_of(nxt)
-        if a["auto_pad"] != "NOTSET":
+        if a["auto_pad"] not in ("NOTSET", "VALID"):  # (VALID: no padding of its own)
             continue
         nd = rank - 2
         old = list(a["pads"] or [0] * (2 * nd))
@@ -80,7 +81,8 @@ def fuse_pad(g: Graph) -> Graph:
             out = new_value(g, out, [g.values[x].shape[p] for p in perm], tv.dtype, tv.space)
             nodes.append(Node("transpose", [x], [out], dict(t.attrs), dict(t.hints), t.name, t.precision))
             src = out
-        nodes.append(Node("conv", [src] + list(nxt.inputs[1:]), list(nxt.outputs), {**nxt.attrs, "pads": pads},
+        attrs = {k: v for k, v in nxt.attrs.items() if k != "auto_pad"}  # (NOTSET: the pads say it all)
+        nodes.append(Node("conv", [src] + list(nxt.inputs[1:]), list(nxt.outputs), {**attrs, "pads": pads},
                           dict(nxt.hints), nxt.name, nxt.precision))
         c.replace(chain + [nxt], nodes)
     return c.commit()
