@@ -1,6 +1,7 @@
-"""Depthwise convs one node at a time: npurun's two cpu kernels (per channel, conv.c; channels
-in the lanes, dwconv_cl.c) called directly, and ONNX Runtime on the same single-node model,
-alternating in this process (medians; ratio of the kernel nativeconv.dw_lanes_chosen picks
+"""Depthwise convs one node at a time: npurun's cpu kernels (per channel, conv.c; channels in
+the lanes, dwconv_cl.c; on AVX-512 a small plane as one flat row, dwconv_flat.c, where it fits)
+called directly, and ONNX Runtime on the same single-node model, alternating in this process
+(medians; ratio of the kernel the rule picks, nativeconv.dw_flat_chosen then dw_lanes_chosen,
 to ORT).
 
     python bench/dwconv.py [--threads 1] [--time 1]
@@ -47,8 +48,8 @@ def main():
 
     from onnx import numpy_helper
     from npurun.backends.cpu import native, nativeconv
-    print("| C | HxW | k | stride | per-channel us | lanes us | ORT us | chosen / ORT |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| C | HxW | k | stride | per-channel us | lanes us | flat us | ORT us | chosen / ORT |")
+    print("|---|---|---|---|---|---|---|---|---|")
     ratios = []
     for c, hw, k, s in SHAPES:
         m = model(c, hw, k, s)
@@ -59,7 +60,10 @@ def main():
         so.intra_op_num_threads, so.inter_op_num_threads = args.threads, 1
         sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
         want = sess.run(None, {"x": x})[0]
-        caches = {"direct": {}, "dw_lanes": {}}
+        ho = (hw + 2 * (k // 2) - k) // s + 1
+        geo = (k, k, s, s, 1, 1, k // 2, k // 2)
+        flat = native.ISA == "avx512" and nativeconv.dw_flat_fits(hw, hw, geo, ho, ho)
+        caches = {"direct": {}, "dw_lanes": {}, **({"dw_flat": {}} if flat else {})}
         runs = {a: (lambda a=a: nativeconv.conv2d(x, w, None, attrs, None, {}, args.threads, caches[a], algo=a))
                 for a in caches}
         for a, f in runs.items():
@@ -73,11 +77,13 @@ def main():
                 f()
                 times[a].append(time.perf_counter() - t)
         us = {a: 1e6 * statistics.median(v) for a, v in times.items()}
-        ho = (hw + 2 * (k // 2) - k) // s + 1
-        pick = "dw_lanes" if nativeconv.dw_lanes_chosen(c, ho, s, native.ISA, k) else "direct"
+        pick = "dw_flat" if flat and nativeconv.dw_flat_chosen(geo, ho) else \
+            "dw_lanes" if nativeconv.dw_lanes_chosen(c, ho, s, native.ISA, k) else "direct"
         ratios.append(us[pick] / us["ort"])
-        print(f"| {c} | {hw} | {k} | {s} | {us['direct']:.0f} | {us['dw_lanes']:.0f} | {us['ort']:.0f} | "
-              f"**{ratios[-1]:.2f}** ({'lanes' if pick == 'dw_lanes' else 'per-channel'}) |")
+        name = {"dw_flat": "flat", "dw_lanes": "lanes", "direct": "per-channel"}[pick]
+        flat_us = f"{us['dw_flat']:.0f}" if flat else "-"
+        print(f"| {c} | {hw} | {k} | {s} | {us['direct']:.0f} | {us['dw_lanes']:.0f} | {flat_us} | {us['ort']:.0f} | "
+              f"**{ratios[-1]:.2f}** ({name}) |")
     print(f"\ngeometric mean chosen / ORT {np.exp(np.mean(np.log(ratios))):.2f} over {len(ratios)} shapes, "
           f"{args.threads} thread(s)")
 

@@ -10,7 +10,9 @@
  * outputs a vector, a 7x7 plane in 4 vectors. At stride 1 with W == Wo (a "same" padded conv)
  * tap (ky, kx) of output p reads input p + (ky-pt)*W + (kx-pl): one load, straight from the
  * input, no padded copy; the lanes whose tap falls outside the image (the padding, or the next
- * row's first columns) are masked to zero. At stride 2 each channel's input is first split into
+ * row's first columns) are masked to zero. (Loading a window row's vectors once and shifting
+ * them in registers for its taps, valignd, was slower on 3x3: 960 x 7x7 37 against 29.5 us on
+ * this AMD EPYC; faster only on 7x7, where the lanes kernel wins anyway.) At stride 2 each channel's input is first split into
  * its four phase planes (even/odd rows x even/odd columns, each with the output's row pitch),
  * where the tap is again one offset from p. The masks depend only on the chunk of 16 outputs and
  * the tap, not on the channel: computed once per call.
@@ -125,74 +127,6 @@ static inline __attribute__((always_inline)) void flat_chunks(
     }
 }
 
-/* in[k .. k+15] of the 32 floats lo:hi, lanes outside m zeroed (k a constant once inlined:
- * valignd takes an immediate) */
-static inline __attribute__((always_inline)) __m512 flat_shift(__mmask16 m, __m512 hi, __m512 lo, const int k)
-{
-    __m512i h = _mm512_castps_si512(hi), l = _mm512_castps_si512(lo);
-    switch (k) {
-    case 0: return _mm512_maskz_mov_ps(m, lo);
-#define FLAT_CASE(K) case K: return _mm512_castsi512_ps(_mm512_maskz_alignr_epi32(m, h, l, K));
-    FLAT_CASE(1) FLAT_CASE(2) FLAT_CASE(3) FLAT_CASE(4) FLAT_CASE(5) FLAT_CASE(6) FLAT_CASE(7)
-    FLAT_CASE(8) FLAT_CASE(9) FLAT_CASE(10) FLAT_CASE(11) FLAT_CASE(12) FLAT_CASE(13) FLAT_CASE(14)
-    FLAT_CASE(15)
-#undef FLAT_CASE
-    default: return _mm512_maskz_mov_ps(m, hi);
-    }
-}
-
-/* Stride 1, chunks [q0, q0 + G): a window row's G + 1 vectors loaded once (those lanes that lie
- * in the channel's plane), each of its kw taps a shift of two of them in registers (valignd),
- * its masked lanes zeroed on the way: one load for G vectors of kw taps where flat_chunks
- * makes kw*G unaligned loads (512-bit loads, double-pumped and split over two cache lines on
- * AMD Zen 4, were the kernel's limit). The same values reach the same FMAs: the same bits. */
-static inline __attribute__((always_inline)) void flat_chunks_s1(
-    const float *xc, long hw, int W, int pt, int pl, const __mmask16 *masks, const float *wc, __m512 b0,
-    float *yc, int q0, int n, const int kh, const int kw, const int G, int act, __m512 al, __m512 be)
-{
-    const int taps = kh * kw;
-    __m512 a[4], L[5];
-#pragma GCC unroll 4
-    for (int g = 0; g < G; g++) a[g] = b0;
-    const __mmask16 *mq = masks + (long)q0 * taps;
-#pragma GCC unroll 7
-    for (int ky = 0; ky < kh; ky++) {
-        long r = (long)(ky - pt) * W - pl + 16L * q0;  /* tap (ky, 0) of chunk q0's lane 0 */
-#pragma GCC unroll 5
-        for (int g = 0; g <= G; g++) {
-            long i = r + 16 * g;
-            __mmask16 m = 0xFFFF;
-            if (i < 0 || i + 16 > hw) {
-                long lo = i < 0 ? -i : 0, hi = hw - i < 16 ? hw - i : 16;
-                m = hi > lo ? (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
-            }
-            L[g] = _mm512_maskz_loadu_ps(m, xc + i);
-        }
-#pragma GCC unroll 7
-        for (int kx = 0; kx < kw; kx++) {
-            __m512 wt = _mm512_set1_ps(wc[ky * kw + kx]);
-#pragma GCC unroll 4
-            for (int g = 0; g < G; g++)
-                a[g] = _mm512_fmadd_ps(wt, flat_shift(mq[g * taps + ky * kw + kx], L[g + 1], L[g], kx), a[g]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int g = 0; g < G; g++) {
-        int left = n - 16 * (q0 + g);
-        _mm512_mask_storeu_ps(yc + 16 * (q0 + g), left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1),
-                              npr_act512(a[g], act, al, be));
-    }
-}
-
-static inline __attribute__((always_inline)) void flat_plane_s1(
-    const float *xc, long hw, int W, int pt, int pl, const __mmask16 *masks, const float *wc, __m512 b0,
-    float *yc, int nq, int n, const int kh, const int kw, int act, __m512 al, __m512 be)
-{
-    int q = 0;
-    for (; q + 4 <= nq; q += 4) flat_chunks_s1(xc, hw, W, pt, pl, masks, wc, b0, yc, q, n, kh, kw, 4, act, al, be);
-    for (; q < nq; q++) flat_chunks_s1(xc, hw, W, pt, pl, masks, wc, b0, yc, q, n, kh, kw, 1, act, al, be);
-}
-
 static inline __attribute__((always_inline)) void flat_plane(
     const float *base, const long *off, const __mmask16 *masks, const float *wc, __m512 b0, float *yc,
     int nq, int n, const int taps, int act, __m512 al, __m512 be)
@@ -238,13 +172,7 @@ int npr_dwconv2d_flat(const float *x, int C, int H, int W, const float *w, const
         }
         __m512 b0 = _mm512_set1_ps(bias ? bias[c] : 0.0f);
         float *yc = y + (long)c * n;
-        if (s == 1 && kh == 3 && kw == 3)
-            flat_plane_s1(base, (long)H * W, W, pt, pl, masks, wc, b0, yc, nq, n, 3, 3, act, al, be);
-        else if (s == 1 && kh == 5 && kw == 5)
-            flat_plane_s1(base, (long)H * W, W, pt, pl, masks, wc, b0, yc, nq, n, 5, 5, act, al, be);
-        else if (s == 1 && kh == 7 && kw == 7)
-            flat_plane_s1(base, (long)H * W, W, pt, pl, masks, wc, b0, yc, nq, n, 7, 7, act, al, be);
-        else if (taps == 9)
+        if (taps == 9)
             flat_plane(base, off, masks, wc, b0, yc, nq, n, 9, act, al, be);
         else if (taps == 25)
             flat_plane(base, off, masks, wc, b0, yc, nq, n, 25, act, al, be);

@@ -512,11 +512,11 @@ def dw_flat_fits(h: int, wd: int, geo: tuple, ho: int, wo: int) -> bool:
 def dw_flat_chosen(geo: tuple, wo: int) -> bool:
     """A 3x3 stride-1 depthwise conv on rows of at most 14 as one flat row a plane (AVX-512,
     dwconv_flat.c), where dw_flat_fits. `python bench/dwconv.py --threads 1`, AMD EPYC (Zen 4
-    class), 2026-12-06, us flat / 16 lanes / per channel: 960 x 7x7 29-37 / 38-41 / 62-68,
-    384 x 14x14 36-40 / 45-58 / 39-49; on 28x28 it ties the per-channel kernel (64 / 57-75), and
+    class), 2026-12-06, us flat / 16 lanes / per channel: 960 x 7x7 29.5 / 38-41 / 62-68,
+    384 x 14x14 36-38 / 45-58 / 39-49; on 28x28 it ties the per-channel kernel (64 / 57-75), and
     at stride 2 or with 5x5 / 7x7 windows the lanes win (576 x 14x14 s2 52 / 34, 768 x 7x7 7x7
-    103-114 / 85): each tap there is a load across two cache lines or a shift in registers, where
-    the lanes load one aligned vector. convtune measures it beside the others wherever it fits."""
+    100-114 / 85): each tap there is a load across two cache lines, where the lanes load one
+    aligned vector. convtune measures it beside the others wherever it fits."""
     return geo[:4] == (3, 3, 1, 1) and wo <= 14
 
 
