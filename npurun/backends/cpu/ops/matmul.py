@@ -24,8 +24,10 @@ on AVX2; +10.6 MB resident instead of +42 MB).
 
 Shapes: a (..., M, K) @ b (K, N) runs as one (rows, K) @ (K, N) sgemm per band of rows;
 batched a (B..., M, K) @ b (B..., K, N) (attention's QKᵀ and PV: (1, 12, 128, 32) @
-(1, 12, 32, 128)) in bands of the batch. Anything else (integers, broadcast batches, 1-D
-operands) runs the reference kernel.
+(1, 12, 32, 128)) in bands of the batch, each item's b packed where it lies (a view of heads
+side by side, or Kᵀ straight from the keys: `_b_items`), at one thread too where K is long
+(`OWN_MIN_K`). Anything else (integers, broadcast batches, 1-D operands) runs the reference
+kernel.
 """
 from __future__ import annotations
 
