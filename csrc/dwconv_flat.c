@@ -24,21 +24,22 @@
 #include <string.h>
 #include <immintrin.h>
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
-#include "act512.h"
-
 #define FLAT_MAX_OUT 1024  /* outputs a plane (64 vectors); bigger maps fill the per-row kernels */
 #define FLAT_MAX_TAPS 49
 
-/* Whether this kernel takes the geometry (nativeconv.dw_flat_fits says the same). */
+/* Whether this kernel takes the geometry (nativeconv.dw_flat_fits says the same). Plain C, outside
+ * the AVX-512 code below: any CPU may ask. */
 int npr_dwconv2d_flat_fits(int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int Ho, int Wo)
 {
-    if (dh != 1 || dw != 1 || sh != sw || kh * kw > FLAT_MAX_TAPS || Ho * Wo > FLAT_MAX_OUT || Ho < 1 || Wo < 1)
+    if (dh != 1 || dw != 1 || sh != sw || kh * kw > FLAT_MAX_TAPS || (long)Ho * Wo > FLAT_MAX_OUT || Ho < 1 || Wo < 1)
         return 0;
     if (sh == 1) return W == Wo;
     return sh == 2 && (W + 1) / 2 <= Wo;  /* every phase plane's columns within the row pitch */
 }
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
+#include "act512.h"
 
 /* masks[q * taps + t]: the lanes of chunk q (outputs 16q .. 16q+15) that are outputs and whose
  * tap t lies inside the image. */
