@@ -3,7 +3,7 @@ ONNX Runtime on every model of it.
 
     python bench/corpus.py --list                       # the models, producers, domains
     python bench/corpus.py --build [--only a,b]         # export / fetch what is missing
-    python bench/corpus.py --table [--threads 1 2] [--time 2] [--rss] [--json out.json]
+    python bench/corpus.py --table [--threads 1 2] [--time 2] [--rss] [--json out.json] [--why]
     python bench/corpus.py --profile [--only a,b]       # npurun's time per op type over the corpus
 
 Models are built (PyTorch exports of transformers configs with random weights, tf2onnx
@@ -15,7 +15,10 @@ their own venv on first use: bench/corpus_keras.py).
 `--table` runs npurun's `cpu` backend and ONNX Runtime's CPU provider side by side in this
 process, alternating, at each thread count, and prints per model the medians and the ratio
 npurun / ORT, then the geometric mean; it never asserts. A model npurun cannot run gets its
-error in the table instead of a ratio.
+error in the table instead of a ratio. With `--why`, each model above the geometric-mean goal
+gets a row saying where its time goes against ORT's own profiler (bench/op_gap.py, hot: the
+kinds of op where npurun spends more) and what would close the largest (op_gap.REMEDY): the
+account issue J asks of every model that misses, for any model, the corpus's or a user's.
 """
 from __future__ import annotations
 
@@ -219,6 +222,30 @@ def print_table(rows: list[dict], threads: list[int], rss: bool) -> None:
         print(f"- peak RSS above ORT's: {len(over)}" + (f" ({', '.join(over)})" if over else ""))
 
 
+def print_why(rows: list[dict], threads: list[int]) -> None:
+    """For each model above GOAL_GEOMEAN at a thread count: the kinds of op where npurun spends
+    more than ORT, hot, under both profilers (op_gap.py; the table's 100 ms idle is not in
+    these: a model whose hot run is at ORT's time lost the table's ratio to the cold start),
+    and op_gap.REMEDY's line for the largest."""
+    import op_gap
+
+    import npurun
+    print(f"\n| model | threads | ratio | hot, ms npurun / ORT by kind (the excess, largest first) | what would close it |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        for t in threads:
+            if "error" in r or r[t]["ratio"] <= GOAL_GEOMEAN:
+                continue
+            try:
+                ex = op_gap.why(npurun.load(path(r["name"])), path(r["name"]), BY_NAME[r["name"]].feeds(), t)
+            except Exception as e:  # noqa: BLE001 -- one model's profile must not stop the rest
+                print(f"| {r['name']} | {t} | {r[t]['ratio']:.2f} | profile failed: {type(e).__name__} | |")
+                continue
+            where = ", ".join(f"{k} {a:.2f} / {b:.2f}" for k, a, b, _ in ex[:3]) or "none: at ORT's time hot"
+            fix = op_gap.REMEDY[ex[0][0]] if ex else "(the cold start after the idle gap)"
+            print(f"| {r['name']} | {t} | {r[t]['ratio']:.2f} | {where} | {fix} |", flush=True)
+
+
 # ---------------------------------------------------------------- per-op profile
 
 def profile(specs: list[Spec], threads: int) -> None:
@@ -270,6 +297,9 @@ def main():
     ap.add_argument("--time", type=float, default=2.0, help="seconds of alternating runs per model and thread count")
     ap.add_argument("--rss", action="store_true", help="also measure peak RSS of each runtime in a child process")
     ap.add_argument("--json", help="write every number here")
+    ap.add_argument("--why", action="store_true",
+                    help="with --table: for each model above the geometric-mean goal, where its time goes "
+                         "against ORT's own profiler (bench/op_gap.py, hot) and what would close it")
     ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rss_child:
@@ -312,6 +342,8 @@ def main():
                                               f"= {r[t]['ratio']:.2f}" for t in args.threads)
             print(f"[{i}/{len(specs)}] {s.name}: {msg}", file=sys.stderr, flush=True)
         print_table(rows, args.threads, args.rss)
+        if args.why:
+            print_why(rows, args.threads)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
 

@@ -50,7 +50,17 @@ def kind(op: str) -> str:
 def npurun_kinds(graph, feeds, threads: int, runs: int) -> dict:
     import npurun
     from npurun.backends.cpu.profile import profile
-    prog = npurun.Executor("cpu", parallelism=threads).compile(graph)
+    # A recorded run replays every kernel in one C call, which no step timer sees: kernels show
+    # only without it (as under NPURUN_REPLAY=0).
+    saved = os.environ.get("NPURUN_REPLAY")
+    os.environ["NPURUN_REPLAY"] = "0"
+    try:
+        prog = npurun.Executor("cpu", parallelism=threads).compile(graph)
+    finally:
+        if saved is None:
+            del os.environ["NPURUN_REPLAY"]
+        else:
+            os.environ["NPURUN_REPLAY"] = saved
     for _ in range(3):
         prog.run(feeds)
     rows, whole = profile(prog, feeds, runs)
@@ -91,6 +101,30 @@ def ort_kinds(p: Path, feeds, threads: int, runs: int) -> dict:
     out["loop"] = max(whole - sum(out[k] for k in KINDS if k != "loop"), 0.0)
     out["total"] = whole
     return out
+
+
+# What would close an excess of each kind: the remedies docs/cpu.md ("What each model that
+# misses lacks") found on the corpus, one line each (corpus.py --why prints them).
+REMEDY = {
+    "conv": "conv kernels at ORT's speed: its activations stay channel-blocked (NCHWc) from conv to conv",
+    "matmul": "the packed sgemm on short products (small K, few rows): several products a fork-join",
+    "elementwise": "the op fused into its producer (a residual add in the conv's epilogue: ORT's Conv + Sum)",
+    "layout": "views instead of copies (transposes, slices, concats)",
+    "norm/softmax": "the normalization's kernel (one pass, on the pool)",
+    "pool": "a pooling kernel for this window (stride-1 planes as two flat passes)",
+    "reduce": "the reduction on the compiled kernels",
+    "other": "reshapes as views",
+    "loop": "the per-run cost between kernels (recorded runs: replay.py)",
+}
+
+
+def why(graph, path: Path, feeds, threads: int, runs: int = 10) -> list[tuple[str, float, float, float]]:
+    """[(kind, npurun ms, ORT ms, excess ms)] for the kinds where npurun spends more than ORT,
+    largest excess first, hot, both under their profilers at `threads`."""
+    a = npurun_kinds(graph, feeds, threads, runs)
+    b = ort_kinds(path, feeds, threads, runs + 3)
+    rows = [(k, a[k], b[k], a[k] - b[k]) for k in KINDS if a[k] > b[k]]
+    return sorted(rows, key=lambda r: -r[3])
 
 
 def main() -> int:
