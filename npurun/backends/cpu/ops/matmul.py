@@ -71,13 +71,10 @@ def matmul_add(program, a, b, adds=()):
     if b.ndim == 2:
         out_shape = a.shape[:-1] + (N,)
         a2 = native.contiguous(a).reshape(-1, K)
-        b2 = b
         rows, units = a2.shape[0], a2.shape[0]
     elif a.shape[:-2] == b.shape[:-2]:
         out_shape = a.shape[:-1] + (N,)
         a2 = native.contiguous(a).reshape(-1, a.shape[-2], K)
-        bs, tb, bitem, brow = _b_items(b)
-        b2 = None  # (NumPy's path reshapes b: a copy where its batch dims do not merge)
         rows, units = a2.shape[0] * a2.shape[1], a2.shape[0]
     else:
         return None
@@ -102,8 +99,8 @@ def matmul_add(program, a, b, adds=()):
     def band(j):
         u0, u1 = edges[j], edges[j + 1]
         if b.ndim == 2:
-            np.matmul(a2[u0:u1], b2, out=y2[u0:u1])
-        else:
+            np.matmul(a2[u0:u1], b, out=y2[u0:u1])
+        else:  # (a copy of b where its batch dims do not merge)
             np.matmul(a2[u0:u1], b.reshape(-1, K, N)[u0:u1], out=y.reshape(-1, per, N)[u0:u1])
         yb = y2[u0 * per:u1 * per]
         for c, full in flat:
@@ -123,7 +120,8 @@ def matmul_add(program, a, b, adds=()):
             return done
         parts = 1
     if parts > 1 or own and b.ndim > 2:  # the heads on the library's spinning pool, each packed then multiplied
-        # (pieces: ranges of heads, each computed as in the whole call)
+        # (pieces: ranges of heads, each computed as in the whole call; b read where it lies)
+        bs, tb, bitem, brow = _b_items(b)
         for u0, u1 in pieces.each(_cut(units, 2 * rows * K * N, parts, None)):
             if _bmm()(native.ISA == "avx512", native.ptr(a2[u0:]), native.ptr(bs) + u0 * bitem * 4,
                       native.ptr(y2[u0 * per:]), u1 - u0, per, K, N, program.threads, tb, bitem, brow):
