@@ -9,7 +9,7 @@ import pytest
 from npurun.runtime.admission import GRACE, MARGIN, Admission
 from npurun.runtime.scheduler import Scheduler
 
-from test_scheduler import X, Chain, FakeClock
+from test_scheduler import X, Chain, FakeClock, names
 
 
 def periodic(adm, group="cam", priority=0, period=0.05, n=5, t0=0.0):
@@ -124,6 +124,48 @@ def test_a_background_node_that_would_overrun_the_next_request_waits_for_it(requ
         assert [n for n, _ in log] == ["bg", "bg", "bg"]
         assert s.stats()["admission_held_s"] == pytest.approx(due + GRACE * 10.0 - 54.0)
     assert fut.task.holds == 1 and s.stats()["admission_holds"] == 1
+
+
+def test_the_gap_before_a_request_goes_to_a_task_whose_stretch_fits():
+    """A held task leaves the unit free before the request; another background task is handed
+    it only where its next stretch fits before the request is due (one that does not is held at
+    dispatch too, as it would be at a boundary), so the gap is filled and the request still
+    finds the unit free."""
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=100, aging=1000, clock=clock)
+
+    def cam_at(t):
+        clock.t = t
+        return s.submit(Chain("cam", 1, log, clock, dt=0.5).program, X, priority=0, name="cam").result(timeout=10)
+    _stream_of(s, clock, log)                               # requests at 0, 10, .., 40
+    slow = Uneven("slow", [1.0, 6.0, 1.0], log, clock)     # its node 1 is long
+    short = Chain("short", 2, log, clock, dt=1.0)
+    big = Chain("big", 1, log, clock, dt=8.0)
+    # first runs learn the stretches, each in a gap after a request
+    for t, bg, nm in ((40.5, slow, "slow"), (50.5, short, "short"), (60.5, big, "big")):
+        if t > 41:
+            cam_at(t - 0.5)
+        clock.t = t
+        s.submit(bg.program, X, priority=3, name=nm).result(timeout=10)
+    cam_at(70.0)                                            # the next request is due at 80
+    assert s.stats()["admission_holds"] == 0
+    log.clear()
+    clock.t = 73.0
+    f_slow = s.submit(slow.program, X, priority=3, name="slow")  # node 0 ends at 74; node 1 would overrun
+    _wait_for(lambda: s.stats()["admission_holds"] == 1, "the first hold")
+    f_big = s.submit(big.program, X, priority=3, name="big")      # 8 s from 74: held at dispatch
+    _wait_for(lambda: s.stats()["admission_holds"] == 2, "the second hold")
+    f_short = s.submit(short.program, X, priority=3, name="short")  # 2 x 1 s: fits, runs in the gap
+    f_short.result(timeout=10)
+    assert names(log) == ["slow", "short", "short"] and clock.t == 76.0
+    assert f_big.task.holds == 1 and f_short.task.holds == 0
+    clock.t = 80.0
+    cam = s.submit(Chain("cam", 1, log, clock, dt=0.5).program, X, priority=0, name="cam")
+    cam.result(timeout=10)
+    assert cam.task.preempt_wait is None  # the unit was free when it came
+    f_slow.result(timeout=10), f_big.result(timeout=10)
+    assert names(log)[3] == "cam" and sorted(names(log)[4:]) == ["big", "slow", "slow"]
+    assert s.stats()["admission_holds"] == 2
 
 
 def test_without_a_periodic_stream_nothing_is_held():

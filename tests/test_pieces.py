@@ -372,6 +372,31 @@ def test_recurrent_pieces_are_bit_identical(rng, monkeypatch, threads, op, direc
         np.testing.assert_array_equal(c, a)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_recurrences_input_projection_runs_in_pieces(rng, monkeypatch, threads):
+    """The input projection of every step at once (x (S*B, I) @ W^T, the packed sgemm where it
+    is long) is cut into column panels like any linear layer, between the recurrence's own
+    pieces: the recurrence here runs whole, so every preemption point is the projection's."""
+    from npurun.backends.cpu.ops import recurrent
+    if recurrent._LIB is None:
+        pytest.fail("the compiled kernels are not built")
+    seq, batch, size, hid = 64, 4, 128, 64
+    assert seq * batch * size * 4 * hid >= recurrent.PACKED_MIN_MACS  # the packed path
+    x = rng.standard_normal((seq, batch, size)).astype(np.float32)
+    w = (rng.standard_normal((1, 4 * hid, size)) * 0.1).astype(np.float32)
+    r = (rng.standard_normal((1, 4 * hid, hid)) * 0.1).astype(np.float32)
+    b = (rng.standard_normal((1, 8 * hid)) * 0.1).astype(np.float32)
+    h0, c0 = (rng.standard_normal((1, batch, hid)).astype(np.float32) for _ in range(2))
+
+    def run():
+        return recurrent._lstm_native(x, w, r, b, h0, c0, hid, "forward", 0, threads)
+    monkeypatch.setattr(recurrent, "STEP_FLOPS", 1e15)  # the recurrence: one piece
+    whole, part, n = whole_and_pieced(monkeypatch, 2e6, run)
+    assert n >= 2
+    for a, c in zip(whole, part):
+        np.testing.assert_array_equal(c, a)
+
+
 def test_alone_only_long_nodes_run_as_pieces():
     """A task on a device that is not contended runs a node whole, unless a task that could
     take its unit was seen lately (the hook's long()) and the node is predicted to take longer

@@ -331,6 +331,47 @@ def test_metrics_are_scraped(server, client, rng):
         assert fam in fams  # temperature and frequency carry samples only where known
 
 
+def test_top_watches_a_server_through_its_metrics(server, client, rng, capsys):
+    """`npurun top --url` reads the server's /metrics: the device line, and per model the
+    requests counted and their latency quantiles from the histogram's buckets."""
+    from npurun.cli import main
+    from npurun.runtime.scrape import metrics_url, quantile, scrape, view
+    x = nonzero_normal(rng, (2, 8))
+    before = view(None, scrape(metrics_url(server.url)), 1.0)
+    n0 = next((m["requests"] for m in before["models"] if m["model"] == "mlp"), 0)
+    for _ in range(4):
+        client.infer("mlp", [httpclient.InferInput("x", [2, 8], "FP32").set_data_from_numpy(x)], priority=1)
+    v = view(None, scrape(metrics_url(server.url)), 1.0)
+    mlp = next(m for m in v["models"] if m["model"] == "mlp")
+    assert mlp["requests"] == n0 + 4 and 0 < mlp["p50"] <= mlp["p99"]
+    assert 0 in mlp["queue_p99"]  # Triton's priority 1 is npurun's 0
+    assert [d["name"] for d in v["devices"]] == ["cpu"] and v["devices"][0]["units"] >= 1
+    assert main(["top", "--url", f"http://{server.url}", "--once", "--interval", "0.05"]) == 0
+    out = capsys.readouterr().out
+    for word in ("units", "duty", "mlp", "req/s", "p99 ms"):
+        assert word in out
+    # Prometheus's interpolation inside a bucket; past the last finite bound, that bound
+    assert quantile(0.5, [(0.001, 0.0), (0.002, 10.0), (float("inf"), 10.0)]) == pytest.approx(0.0015)
+    assert quantile(0.99, [(0.001, 0.0), (float("inf"), 5.0)]) == 0.001
+    assert quantile(0.5, [(float("inf"), 0.0)]) is None
+
+
+def test_top_url_errors_name_the_address(capsys):
+    from npurun.cli import main
+    from npurun.commands.serve import listen_socket
+    sock = listen_socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    assert main(["top", "--url", f"127.0.0.1:{port}", "--once"]) == 1
+    err = capsys.readouterr().err
+    assert f"http://127.0.0.1:{port}/metrics: cannot read the metrics" in err and "Traceback" not in err
+    assert main(["top", "--url", "ftp://x", "--once"]) == 1
+    assert "expected http://HOST:PORT" in capsys.readouterr().err
+    assert main(["top", "--once"]) == 1
+    assert "give a model to run" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- safety, repository, batching
 
 def test_bearer_token(model_dir, rng):

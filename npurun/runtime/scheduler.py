@@ -155,6 +155,7 @@ class Task:
     hold_until: float = 0.0
     held_since: float | None = None
     holds: int = 0
+    admitted: bool = False  # admission has decided at its current boundary (hold or run)
     steps_done: int = 0
     macs_done: int = 0
     # Steps and MACs counted at boundaries that skipped the lock (see Scheduler._boundary),
@@ -603,6 +604,13 @@ class Scheduler:
             top = self._best_running_level()
             if top is not None and level > top:
                 break  # never start a lower level beside a higher one
+            best.level = level
+            if not best.admitted and self._admit(best, now, best.steps_done, len(free) - 1):
+                # Its next stretch would run into a periodic better stream's request: held,
+                # and the unit goes to the next task whose stretch fits, if any (filling the
+                # gap before the request instead of leaving it idle).
+                self._ensure_watchdog()
+                continue
             self._waiting.remove(best)
             wait = now - best.ready_since
             best.queue_wait += wait
@@ -786,7 +794,8 @@ class Scheduler:
                 raise err  # _finish releases the unit
             if step == task.steps_total:
                 return
-            why = self._should_yield(task, now) or self._admit(task, now, step)
+            task.admitted = False  # a new boundary: admission decides again
+            why = self._should_yield(task, now) or self._admit(task, now, step, self.active_lanes - len(self._running))
             started = self._give_up(task, why, now) if why else []
         self._start(started)
         if not why:
@@ -814,7 +823,9 @@ class Scheduler:
             err = self._check_stop(task, now)
             if err is not None:
                 raise err
-            why = self._should_yield(task, now) or self._admit(task, now, task.steps_done)
+            task.admitted = False
+            why = self._should_yield(task, now) or \
+                self._admit(task, now, task.steps_done, self.active_lanes - len(self._running))
             started = self._give_up(task, why, now) if why else []
         self._start(started)
         if why:
@@ -837,14 +848,18 @@ class Scheduler:
             # of its own, and its boundaries cost ~10 us a step of MobileNetV2)
             self.attention[0] = True
 
-    def _admit(self, task: Task, now: float, step: int) -> str | None:
+    def _admit(self, task: Task, now: float, step: int, spare: int) -> str | None:
         """'held' when the stretch `task` is about to run (of step index `step`) is predicted
         to end after a periodic better-priority stream's next request (runtime/admission.py);
-        the task then waits for that request (or for the hold to lapse). Lock held."""
+        the task then waits for that request (or for the hold to lapse). Decided once per
+        boundary: at the boundary itself, or where the task was queued there for another
+        reason (preempted, its quantum, new), when a unit is about to be handed to it.
+        `spare`: lanes that stay free besides the task's. Lock held."""
+        task.admitted = True
         adm = self.admission
         if adm is None or task.segs is None or now >= adm.active_until or step >= len(task.segs):
             return None
-        if len(self._running) < self.active_lanes:
+        if spare > 0:
             return None  # a lane is free for the request anyway
         live = {t.group for t in self.live.values() if t is not task}
         until = adm.hold_until(task.level, now, task.segs[step], live)
