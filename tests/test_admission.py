@@ -52,6 +52,23 @@ def test_irregular_or_too_few_arrivals_are_not_a_stream():
     assert not adm.streams["cam"].period
 
 
+def test_a_stream_resuming_at_its_period_is_periodic_from_its_first_interval():
+    adm = Admission()
+    last = periodic(adm)                      # 0 .. 0.2, period 0.05
+    adm.arrived("cam", 0, last + 4.0)         # a pause: not periodic
+    assert not adm.streams["cam"].period and adm.hold_until(3, last + 4.049, 0.004, set()) is None
+    adm.arrived("cam", 0, last + 4.052)       # one interval at the old period (within JITTER)
+    s = adm.streams["cam"]
+    assert s.period == pytest.approx(0.05) and s.next_at == pytest.approx(last + 4.102)
+    assert adm.hold_until(3, last + 4.101, 0.004, set()) is not None
+    adm.arrived("cam", 0, last + 4.2)         # another rhythm: not periodic until it is regular
+    assert not adm.streams["cam"].period
+    fresh = Admission()                       # a group never periodic needs PERIODIC_N arrivals
+    for t in (0.0, 0.05):
+        fresh.arrived("mic", 0, t)
+    assert not fresh.streams["mic"].period
+
+
 def test_learned_stretches_follow_the_steps_and_resist_outliers():
     segs = [0.0]
     Admission.learn(segs, 0, 0.004)

@@ -12,7 +12,9 @@ are predictable on a device that many tasks share:
   outlier moves little).
 - **When the next request comes**, for streams that arrive at a regular period (a camera, a
   polled sensor, an audio frame): the last PERIODIC_N arrivals of a group, every interval
-  within JITTER of their median, predict the next at the last one plus that median.
+  within JITTER of their median, predict the next at the last one plus that median. A group
+  that had a period and pauses is periodic again from its first interval within JITTER of
+  that period.
 
 At a boundary of a task of worse priority than such a stream, whose request is not already
 live, the next stretch is admitted only if it ends (stretched by MARGIN, plus SLACK_S) before
@@ -38,13 +40,14 @@ LEARN = 0.3      # weight of a new observation of a step's stretch
 
 
 class Stream:
-    __slots__ = ("arrivals", "priority", "period", "next_at")
+    __slots__ = ("arrivals", "priority", "period", "next_at", "known")
 
     def __init__(self, priority: int):
         self.arrivals: collections.deque = collections.deque(maxlen=PERIODIC_N)
         self.priority = priority
         self.period = 0.0    # 0: not periodic (yet, or any more)
         self.next_at = 0.0
+        self.known = 0.0     # the period it last had (0: never periodic)
 
 
 class Admission:
@@ -99,18 +102,28 @@ class Admission:
         s.priority = priority
         s.arrivals.append(now)
         s.period = 0.0
-        if len(s.arrivals) == PERIODIC_N:
+        if s.known and len(s.arrivals) >= 2 and abs(now - s.arrivals[-2] - s.known) <= JITTER * s.known:
+            # A stream resuming at the period it had (a camera after a pause, speech after
+            # silence): periodic again from its first interval, not after PERIODIC_N arrivals,
+            # whose wait for a stretch of the background each of its first requests paid.
+            self._periodic(s, s.known, now)
+        elif len(s.arrivals) == PERIODIC_N:
             # (every run of a model calls this: sorted gaps, not statistics.median, ~2 us less)
             a = tuple(s.arrivals)
             gaps = sorted(map(operator.sub, a[1:], a[:-1]))
             h = len(gaps) // 2
             med = gaps[h] if len(gaps) % 2 else 0.5 * (gaps[h - 1] + gaps[h])
             if med > 0 and med - gaps[0] <= JITTER * med and gaps[-1] - med <= JITTER * med:
-                s.period, s.next_at = med, now + med
-                if now >= self.active_until:  # (the streams of an earlier spell have lapsed)
-                    self.holding_priority = float("inf")
-                self.holding_priority = min(self.holding_priority, priority)
-                self.active_until = max(self.active_until, s.next_at + GRACE * med)
+                self._periodic(s, med, now)
+
+    def _periodic(self, s: Stream, period: float, now: float) -> None:
+        """`s` is a stream of this period: its next request is due a period from now."""
+        s.period = s.known = period
+        s.next_at = now + period
+        if now >= self.active_until:  # (the streams of an earlier spell have lapsed)
+            self.holding_priority = float("inf")
+        self.holding_priority = min(self.holding_priority, s.priority)
+        self.active_until = max(self.active_until, s.next_at + GRACE * period)
 
     def may_hold(self, level: int, now: float) -> bool:
         """Whether a task of `level` may be held now (a better periodic stream is live)."""

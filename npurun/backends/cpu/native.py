@@ -376,13 +376,14 @@ def copy_into(y: np.ndarray, x) -> bool:
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "max": 4, "min": 5}  # csrc/chain.c's npr_binary
 
 
-def binary(op: str, a: np.ndarray, b: np.ndarray, threads: int = 1):
+def binary(op: str, a: np.ndarray, b: np.ndarray, threads: int = 1, out: np.ndarray | None = None):
     """a op b for float32 arrays of any strides, broadcast as NumPy does, by one call of
     csrc/chain.c's npr_binary (axes merged where both operands run on contiguously), in
     `threads` parts on the pool when more than one; None where a stride is not whole floats or
-    there are more than 16 axes."""
+    there are more than 16 axes. `out`: a C-contiguous float32 array of the broadcast shape to
+    write into (a piece of a bigger output)."""
     shape = np.broadcast_shapes(a.shape, b.shape)
-    y = np.empty(shape, np.float32)
+    y = np.empty(shape, np.float32) if out is None else out
     if y.size == 0:
         return y
     dims = _strided_dims(shape, (a, b), 4)  # (strides in floats)

@@ -3,8 +3,9 @@
 A DBNet-class detector adds and scales 96x160x160 maps (2.5 M elements, 3-10 ms here) in
 NumPy's one call; on a contended device that call is a stretch no better task can enter. Here
 the output is written in pieces along its first axis longer than 1 (channels, for one image),
-each the reference kernel on the operands' matching slices (an operand broadcast along that
-axis is passed whole), with a preemption point between pieces. Elementwise, so the result is
+each the whole call's kernel (the pool's npr_binary on more than one thread, NumPy's ufunc on
+one) on the operands' matching slices (an operand broadcast along that axis is passed whole),
+with a preemption point between pieces. Elementwise, so the result is
 bit-identical to the whole call's; alone on the device (or below PIECE_MIN elements, or other
 dtypes), it is the reference kernel itself.
 """
@@ -64,7 +65,10 @@ def _make(op, program):
                 return x
             return x[(slice(None),) * k + (slice(i0, i1),)]
         for i0, i1 in pieces.each(pieces.split(shape[axis], size * SECONDS_PER_ELEMENT, cal=cal)):
-            ufunc(part(a, i0, i1), part(b, i0, i1), out=out[(slice(None),) * axis + (slice(i0, i1),)])
+            # (every axis before `axis` has length 1: the output's slice is contiguous)
+            o = out[(slice(None),) * axis + (slice(i0, i1),)]
+            if threads == 1 or native.binary(op, part(a, i0, i1), part(b, i0, i1), threads, out=o) is None:
+                ufunc(part(a, i0, i1), part(b, i0, i1), out=o)
         return out
     return run
 

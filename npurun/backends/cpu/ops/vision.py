@@ -213,14 +213,15 @@ def _resize(x, roi=None, scales=None, sizes=None, threads=1, **a):
     n, c = x.shape[:2]
     x3 = x.reshape(n, c, -1)
     secs = n * c * len(idx) * RESIZE_S_PER_ELEMENT
-    if n * c * len(idx) < PIECE_MIN or c < 2 or not pieces.wanted(secs, _RESIZE_CAL):
+    cal = _cal(_RESIZE_CAL, (x.shape, out))
+    if n * c * len(idx) < PIECE_MIN or c < 2 or not pieces.wanted(secs, cal):
         return np.take(x3, idx, axis=2).reshape(n, c, *out)
     # Pieces on a contended device (backends/pieces.py): channel ranges, each the same gather
     # (copies: bit-identical); an FPN's nearest x2 of (1, 96, 160, 160) is a 10 MB write.
     y = np.empty((n, c, len(idx)), x.dtype)
     # (mode="clip": with the default "raise" np.take writes `out` through a temporary, a second
     # copy of the piece; the indices are in range, so clipping changes nothing)
-    for c0, c1 in pieces.each(pieces.split(c, secs, cal=_RESIZE_CAL)):
+    for c0, c1 in pieces.each(pieces.split(c, secs, cal=cal)):
         np.take(x3[:, c0:c1], idx, axis=2, out=y[:, c0:c1], mode="clip")
     return y.reshape(n, c, *out)
 
@@ -228,8 +229,20 @@ def _resize(x, roi=None, scales=None, sizes=None, threads=1, **a):
 PIECE_MIN = 1 << 20           # output elements: a smaller resize is well under a piece
 RESIZE_MT_MIN = 1 << 15       # output elements per thread below which an axis pass stays on one
 RESIZE_S_PER_ELEMENT = 1e-9   # a gathered copy per output element (pieces.split learns the real rate)
-_RESIZE_CAL: dict = {}
+_RESIZE_CAL: dict = {}  # (input shape, output size) -> that resize's calibration (pieces.split)
 _INTERP_CAL: dict = {}
+
+
+def _cal(table: dict, key) -> dict:
+    """The pieces' calibration of one resize shape: a x8 resize writes each input element 64
+    times, a x2 one 4 times, so one dict for all of them sized each one's pieces by another's
+    speed (SegFormer's x8 decoder resize, 0.46 ms whole, ran 0.76 ms in pieces)."""
+    cal = table.get(key)
+    if cal is None:
+        if len(table) > 256:
+            table.clear()
+        cal = table[key] = {}
+    return cal
 
 
 _taps: dict = {}  # (axis length, plan entry, attributes) -> (indices (n_out, k), weights float32)
@@ -248,6 +261,7 @@ def _interpolate(x, roi, scales, sizes, a, threads=1):
     plan = resize_plan(x.shape, None if given is not None else scales, given, a["axes"], a["keep_aspect_ratio_policy"])
     passes = []  # (axis, n_out, taps, weights), the last axis first: its taps are scalar
     n_in = list(x.shape)  # gathers, cheapest while the other axes are small
+    written = 0
     for axis, n_out, sc in sorted(plan, key=lambda e: -e[0]):
         if n_out == n_in[axis] and sc == 1.0:
             continue
@@ -264,30 +278,39 @@ def _interpolate(x, roi, scales, sizes, a, threads=1):
             _taps[key] = hit
         passes.append((axis, n_out, *hit))
         n_in[axis] = n_out
+        written += int(np.prod(n_in)) * hit[0].shape[1]  # the pass's outputs times its taps
     if not passes:
         return x.copy()
     size = int(np.prod(n_in))
     nc = x.shape[0] * x.shape[1]
-    secs = size * len(passes) * RESIZE_S_PER_ELEMENT * 4
-    if size < PIECE_MIN or nc < 2 or not pieces.wanted(secs, _INTERP_CAL):
+    # (each output of a pass is its taps' weighted sum, the threads sharing them; it had been
+    # every pass at the final size, 4 ns an element: SegFormer's x8 decoder resize, 0.34 ms,
+    # was predicted at 33 ms and cut into eight pieces)
+    secs = written * RESIZE_S_PER_ELEMENT / max(1, threads)
+    cal = _cal(_INTERP_CAL, (x.shape, tuple(n_in)))
+    if size < PIECE_MIN or nc < 2 or not pieces.wanted(secs, cal):
         return _axis_passes(x, passes, threads)
     # Pieces (backends/pieces.py): ranges of (image, channel) planes, each through the same
     # passes (every output row is the one call's: bit-identical).
     y = np.empty(n_in, np.float32)
     xs, ys = x.reshape((nc, 1) + x.shape[2:]), y.reshape((nc, 1) + y.shape[2:])
-    for c0, c1 in pieces.each(pieces.split(nc, secs, cal=_INTERP_CAL)):
-        ys[c0:c1] = _axis_passes(xs[c0:c1], passes, threads)
+    for c0, c1 in pieces.each(pieces.split(nc, secs, cal=cal)):
+        # (the last pass straight into the output's planes: a piece computed aside and copied
+        # in ran SegFormer's decoder resizes at 1.35-2x their whole time)
+        _axis_passes(xs[c0:c1], passes, threads, dest=ys[c0:c1])
     return y
 
 
-def _axis_passes(x, passes, threads):
-    """x through each (axis, n_out, taps, weights) pass of csrc/resize.c, on the pool's threads."""
+def _axis_passes(x, passes, threads, dest=None):
+    """x through each (axis, n_out, taps, weights) pass of csrc/resize.c, on the pool's threads;
+    the last pass writes into `dest` where given (C-contiguous, the result's shape)."""
     from .. import native
     y = x
-    for axis, n_out, idx, w in passes:
+    for k, (axis, n_out, idx, w) in enumerate(passes):
         y = np.ascontiguousarray(y)
         outer, inner = int(np.prod(y.shape[:axis])), int(np.prod(y.shape[axis + 1:]))
-        out = np.empty(y.shape[:axis] + (n_out,) + y.shape[axis + 1:], np.float32)
+        out = dest if dest is not None and k == len(passes) - 1 else \
+            np.empty(y.shape[:axis] + (n_out,) + y.shape[axis + 1:], np.float32)
         chunks = max(1, min(threads, outer, out.size // RESIZE_MT_MIN))
         native.LIB.npr_resize_axis_mt(native.ptr(y), native.ptr(out), outer, y.shape[axis], inner, n_out,
                                       native.ptr(idx), native.ptr(w), idx.shape[1], threads, chunks)
