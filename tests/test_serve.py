@@ -474,6 +474,27 @@ def test_dynamic_batching_runs_one_task_and_splits_rows(model_dir, rng):
         s.stop()
 
 
+def test_dynamic_batching_keeps_priorities_apart(model_dir, rng):
+    """Requests of different priorities never share a batch, and each batch's device task runs
+    at its requests' priority (issue L: priorities survive dynamic batching)."""
+    app = build(model_dir, "cpu", max_batch=6, max_delay=0.05)
+    srv = app.state.server
+    b = srv.batchers["mlp"]
+    reqs = [(nonzero_normal(rng, (1, 8)), 0), (nonzero_normal(rng, (2, 8)), 0), (nonzero_normal(rng, (3, 8)), 3)]
+
+    async def go():
+        return await asyncio.gather(*[b.submit({"x": x}, p, None) for x, p in reqs])
+    outs = asyncio.run(go())
+    for (x, _), o in zip(reqs, outs):
+        np.testing.assert_allclose(o["p"], reference(model_dir, "mlp", {"x": x})["p"], rtol=1e-5, atol=1e-6)
+    assert srv.metrics.executions.labels("mlp")._value.get() == 2  # one batch per priority
+    for prio in ("0", "3"):  # one run waited at each priority
+        assert srv.metrics.registry.get_sample_value(
+            "npurun_serve_queue_duration_seconds_count", {"model": "mlp", "priority": prio}) == 1
+    ran = [t for t in b.executor.tasks() if t["name"].startswith("mlp")]
+    assert sorted(t["priority"] for t in ran[-2:]) == [0, 3]
+
+
 # ---------------------------------------------------------------- the command
 
 def test_npurun_serve_command(model_dir, tmp_path):

@@ -32,7 +32,10 @@ import threading
 import time
 
 PIECE_S = 0.001          # a piece's target duration on a contended device
-LONG_S = 0.004           # lately had company: nodes predicted longer than this, pieces of about this
+# Lately had company: nodes predicted longer than this run as pieces of about this. (4 ms until
+# 2026-12-06: a sparse request then waited up to 2.8 ms, against 1.6 ms at 2 ms, and the batch
+# beside it lost nothing measurable: bench/sched_sparse.py, docs/scheduler.md.)
+LONG_S = 0.002
 CONTENDED_S = 1.0        # a device stays contended this long after two tasks were live on it
 SCALE = "_piece_scale"   # the key of the measured / predicted ratio in a calibration dict
 LEARN = 0.3              # weight of a new measurement (in log space)
