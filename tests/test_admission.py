@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from npurun.runtime.admission import GRACE, MARGIN, Admission
+from npurun.runtime.admission import GRACE, MARGIN, RESUME_S, Admission
 from npurun.runtime.scheduler import Scheduler
 
 from test_scheduler import X, Chain, FakeClock, names
@@ -45,23 +45,28 @@ def test_irregular_or_too_few_arrivals_are_not_a_stream():
     for t in (0.0, 0.05, 0.10, 0.19, 0.24):  # one interval 80% long
         adm2.arrived("cam", 0, t)
     assert not adm2.streams["cam"].period
-    # a late request makes the stream irregular until it is regular again
+    # a late request of a stream regular lately: its next is expected a period after it
     last = periodic(adm)
     assert adm.streams["cam"].period
     adm.arrived("cam", 0, last + 0.2)
+    s = adm.streams["cam"]
+    assert s.period == pytest.approx(0.05) and s.next_at == pytest.approx(last + 0.25)
+    # ... for RESUME_S after it was last regular, then no longer
+    adm.arrived("cam", 0, last + 0.2 + RESUME_S)
     assert not adm.streams["cam"].period
 
 
-def test_a_stream_resuming_at_its_period_is_periodic_from_its_first_interval():
+def test_a_stream_resuming_at_its_period_is_expected_at_it():
     adm = Admission()
     last = periodic(adm)                      # 0 .. 0.2, period 0.05
-    adm.arrived("cam", 0, last + 4.0)         # a pause: not periodic
-    assert not adm.streams["cam"].period and adm.hold_until(3, last + 4.049, 0.004, set()) is None
-    adm.arrived("cam", 0, last + 4.052)       # one interval at the old period (within JITTER)
+    adm.arrived("cam", 0, last + 4.0)         # after a pause: expected back a period on
     s = adm.streams["cam"]
+    assert s.next_at == pytest.approx(last + 4.05)
+    assert adm.hold_until(3, last + 4.049, 0.004, set()) is not None
+    adm.arrived("cam", 0, last + 4.052)       # one interval at the old period (within JITTER)
     assert s.period == pytest.approx(0.05) and s.next_at == pytest.approx(last + 4.102)
     assert adm.hold_until(3, last + 4.101, 0.004, set()) is not None
-    adm.arrived("cam", 0, last + 4.2)         # another rhythm: not periodic until it is regular
+    adm.arrived("cam", 0, last + 4.052 + RESUME_S + 1)  # irregular for RESUME_S: not expected
     assert not adm.streams["cam"].period
     fresh = Admission()                       # a group never periodic needs PERIODIC_N arrivals
     for t in (0.0, 0.05):
