@@ -384,6 +384,30 @@ def test_fair_share_between_a_long_task_and_a_stream_of_short_ones():
     assert abs(served_big - served_short) <= 3.0 + 1.0, (served_big, served_short)
 
 
+@pytest.mark.parametrize("away", [0.5, 3.0])
+def test_a_group_back_after_long_away_gets_no_bonus(away):
+    """A group rejoining fair share keeps up to `aging` of credit if it left within AWAY_S (a
+    client looping on a model), at most two quanta if it was away longer: it is owed nothing
+    for the time another group ran alone."""
+    from npurun.runtime.scheduler import AWAY_S
+    clock, log = FakeClock(), []
+    s = Scheduler(1, quantum=0.01, aging=0.2, clock=clock)
+    s.submit(Chain("b", 1, log, clock, dt=0.01).program, X, priority=2).result(timeout=10)  # b seen
+    left_at = clock.t
+    a = Chain("a", 1, log, clock, dt=0.5)
+    while clock.t < left_at + away:  # a alone meanwhile: its service grows, b's does not
+        s.submit(a.program, X, priority=2).result(timeout=10)
+    s.pause()
+    s.submit(Chain("a", 1, log, clock, dt=0.5).program, X, priority=2)
+    s.submit(Chain("b", 1, log, clock, dt=0.01).program, X, priority=2)
+    behind = s._vtime["a"] - s._vtime["b"]
+    s.resume()
+    if clock.t - left_at > AWAY_S:
+        assert behind == pytest.approx(2 * s.quantum)
+    else:
+        assert behind == pytest.approx(s.aging)
+
+
 def test_run_inline_runs_on_the_calling_thread_and_counts_like_a_task():
     clock, log = FakeClock(), []
     s = Scheduler(1, quantum=100, aging=1000, clock=clock)
